@@ -1,0 +1,1 @@
+//! Continuation codecs.

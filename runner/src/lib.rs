@@ -1,0 +1,3 @@
+//! The QuickJS sandbox of Resumable.
+
+pub mod codec;
