@@ -35,7 +35,7 @@ macro_rules! impl_from_args {
         impl<$($ty: DeserializeOwned + Send + 'static),*> FromArgs for ($($ty,)*) {
             const ARITY: usize = $arity;
 
-            #[allow(unused_mut, unused_variables, clippy::unused_unit)]
+            #[allow(unused_mut, unused_variables, unused_assignments, clippy::unused_unit)]
             fn from_args(args: Vec<Value>, names: &[String]) -> Result<Self, String> {
                 check_count(args.len(), $arity, names)?;
                 let mut values = args.into_iter();

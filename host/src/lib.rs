@@ -36,4 +36,4 @@ pub use cancel::CancelSignal;
 pub use context::{HostCallContext, Resume};
 pub use error::{HOST_FUNCTION_ERROR_CODE, HostError, HostFailure};
 pub use name::{NameError, is_reserved_namespace, validate_identifier};
-pub use registry::{HostFuture, HostFunction, HostFunctions, HostFunctionsBuilder, HostResult};
+pub use registry::{HostFunction, HostFunctions, HostFunctionsBuilder, HostFuture, HostResult};

@@ -1,3 +1,20 @@
-//! The QuickJS sandbox of Resumable.
+//! The QuickJS sandbox of Resumable: limits, host-call bridge, replay ledger
+//! and continuations.
 
 pub mod codec;
+mod determinism;
+mod error;
+mod job;
+mod limits;
+mod outcome;
+mod sandbox;
+mod state;
+
+pub use error::{ErrorCode, RunError};
+pub use limits::{Limit, LimitError, LimitOverrides, Limits};
+pub use outcome::{Completion, ConsoleLevel, ConsoleLine, Interruption, Outcome, Resolution, Suspension};
+mod pool;
+mod runner;
+
+pub use resumable_host as host;
+pub use runner::{ConfigError, DEFAULT_AUDIENCE, RunRequest, Runner, RunnerConfig};

@@ -1,0 +1,91 @@
+//! Worker threads that own the engines, fed by a bounded queue.
+
+use crate::error::{ErrorCode, RunError};
+use crate::job::Job;
+use crate::limits::MAX_STACK_BYTES;
+use crate::sandbox::Engine;
+use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::atomic::Ordering;
+use std::thread;
+
+/// A fixed set of worker threads.
+pub(crate) struct Pool {
+    queue: Sender<Job>,
+}
+
+impl Pool {
+    pub(crate) fn new(workers: usize, queue_capacity: usize) -> Result<Pool, String> {
+        let (queue, jobs) = bounded::<Job>(queue_capacity);
+        for index in 0..workers {
+            let jobs = jobs.clone();
+            thread::Builder::new()
+                .name(format!("resumable-worker-{index}"))
+                .stack_size(4 * MAX_STACK_BYTES + 1024 * 1024)
+                .spawn(move || work(jobs))
+                .map_err(|e| format!("cannot start worker thread: {e}"))?;
+        }
+        Ok(Pool { queue })
+    }
+
+    /// Queues a job; a full queue is `RUN_CONCURRENCY_LIMIT`.
+    pub(crate) fn submit(&self, job: Job) -> Result<(), RunError> {
+        match self.queue.try_send(job) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(RunError::new(
+                ErrorCode::ConcurrencyLimit,
+                "every worker is busy and the run queue is full; retry later",
+            )),
+            Err(TrySendError::Disconnected(_)) => Err(RunError::internal("the worker pool has stopped")),
+        }
+    }
+}
+
+/// Limits after which a runtime is thrown away rather than reused.
+fn poisons_runtime(code: ErrorCode) -> bool {
+    matches!(
+        code,
+        ErrorCode::Timeout
+            | ErrorCode::MemoryLimit
+            | ErrorCode::StackOverflow
+            | ErrorCode::Aborted
+            | ErrorCode::BridgeLimit
+    )
+}
+
+fn work(jobs: Receiver<Job>) {
+    let mut engine: Option<Engine> = None;
+    loop {
+        if engine.is_none() {
+            engine = Engine::new().ok();
+        }
+        if jobs.is_empty() {
+            if let Some(engine) = engine.as_mut() {
+                engine.prepare_spare();
+            }
+        }
+        let Ok(job) = jobs.recv() else { return };
+        let result = if job.abort.load(Ordering::SeqCst) {
+            Err(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"))
+        } else {
+            match engine.as_mut() {
+                None => Err(RunError::internal("the JavaScript engine could not start")),
+                Some(current) => match catch_unwind(AssertUnwindSafe(|| current.execute(&job))) {
+                    Ok(result) => {
+                        if let Err(error) = &result {
+                            if poisons_runtime(error.code) {
+                                engine = None;
+                            }
+                        }
+                        result
+                    }
+                    Err(_) => {
+                        engine = None;
+                        Err(RunError::internal("the worker failed while running the script"))
+                    }
+                },
+            }
+        };
+        let _ = job.reply.send(result);
+    }
+}

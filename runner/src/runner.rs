@@ -1,0 +1,470 @@
+//! The public entry point: a [`Runner`] executes [`RunRequest`]s.
+
+use crate::codec::SignedCodec;
+use crate::determinism::{fresh_seed, wall_clock_ms};
+use crate::error::{ErrorCode, RunError};
+use crate::job::{Job, RawOutcome, Replay, WorkerMessage};
+use crate::limits::{Limit, LimitOverrides, Limits};
+use crate::outcome::{Completion, Outcome, Resolution, Suspension};
+use crate::pool::Pool;
+use crate::state::{CallOutcome, ContinuationState, scope_hash, source_hash};
+use base64::Engine as _;
+use resumable_host::{CancelSignal, HostFunctions};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc;
+use std::time::{Duration, SystemTime};
+
+/// Audience used when a request names none.
+pub const DEFAULT_AUDIENCE: &str = "default";
+
+/// How a [`Runner`] is set up. Every field is validated by [`Runner::new`].
+#[derive(Clone)]
+pub struct RunnerConfig {
+    workers: usize,
+    queue_capacity: usize,
+    limits: Limits,
+    codec: Option<SignedCodec>,
+}
+
+impl Default for RunnerConfig {
+    fn default() -> Self {
+        RunnerConfig { workers: thread_count(), queue_capacity: 1024, limits: Limits::default(), codec: None }
+    }
+}
+
+fn thread_count() -> usize {
+    std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2)
+}
+
+impl RunnerConfig {
+    /// Defaults: one worker per core, a queue of 1,024 runs, default limits, no continuation codec.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of worker threads (1 to 1,024).
+    pub fn workers(mut self, workers: usize) -> Self {
+        self.workers = workers;
+        self
+    }
+
+    /// Runs that may wait for a worker before `RUN_CONCURRENCY_LIMIT` (1 to 1,000,000).
+    pub fn queue_capacity(mut self, capacity: usize) -> Self {
+        self.queue_capacity = capacity;
+        self
+    }
+
+    /// Limits applied to every run unless the request overrides them.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The codec that signs and verifies continuations. Without one, scripts
+    /// that never interrupt still run; an interrupt fails with `RUN_CONFIGURATION_ERROR`.
+    pub fn codec(mut self, codec: SignedCodec) -> Self {
+        self.codec = Some(codec);
+        self
+    }
+}
+
+impl fmt::Debug for RunnerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RunnerConfig")
+            .field("workers", &self.workers)
+            .field("queue_capacity", &self.queue_capacity)
+            .field("limits", &self.limits)
+            .field("codec", &self.codec)
+            .finish()
+    }
+}
+
+/// A configuration value out of range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// One script to run, or to resume.
+#[derive(Clone, Debug)]
+pub struct RunRequest {
+    source: Arc<str>,
+    host: HostFunctions,
+    context: Value,
+    audience: String,
+    limits: LimitOverrides,
+    continuation: Option<String>,
+    resolutions: Vec<Resolution>,
+    cancel: Option<CancelSignal>,
+    logical_run_id: Option<String>,
+}
+
+impl RunRequest {
+    /// A run of `source`, a function body (top-level `await` and `return` allowed).
+    pub fn new(source: impl Into<Arc<str>>) -> Self {
+        RunRequest {
+            source: source.into(),
+            host: HostFunctions::empty(),
+            context: Value::Null,
+            audience: DEFAULT_AUDIENCE.to_string(),
+            limits: LimitOverrides::new(),
+            continuation: None,
+            resolutions: Vec::new(),
+            cancel: None,
+            logical_run_id: None,
+        }
+    }
+
+    /// The host functions the script may call.
+    pub fn host(mut self, host: HostFunctions) -> Self {
+        self.host = host;
+        self
+    }
+
+    /// Any JSON bound into the continuation's scope (tenant, policy version…).
+    pub fn context(mut self, context: Value) -> Self {
+        self.context = context;
+        self
+    }
+
+    /// Who the continuation is for; a token only resumes under the same audience.
+    pub fn audience(mut self, audience: impl Into<String>) -> Self {
+        self.audience = audience.into();
+        self
+    }
+
+    /// Per-run limit overrides.
+    pub fn limits(mut self, limits: LimitOverrides) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Resumes from `continuation` with decisions for some or all pending interruptions.
+    pub fn resume(
+        mut self,
+        continuation: impl Into<String>,
+        resolutions: impl IntoIterator<Item = Resolution>,
+    ) -> Self {
+        self.continuation = Some(continuation.into());
+        self.resolutions = resolutions.into_iter().collect();
+        self
+    }
+
+    /// A signal that aborts the run (`RUN_ABORTED`) when fired.
+    pub fn cancel(mut self, signal: CancelSignal) -> Self {
+        self.cancel = Some(signal);
+        self
+    }
+
+    /// Sets the logical run id of a first run (ignored on resume, where the
+    /// continuation's id is kept). Default: a random id.
+    pub fn logical_run_id(mut self, id: impl Into<String>) -> Self {
+        self.logical_run_id = Some(id.into());
+        self
+    }
+}
+
+/// Runs scripts on a pool of worker threads. Cheap to clone; share one per process.
+#[derive(Clone)]
+pub struct Runner {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    pool: Pool,
+    limits: Limits,
+    codec: Option<SignedCodec>,
+}
+
+impl fmt::Debug for Runner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Runner").field("limits", &self.inner.limits).finish_non_exhaustive()
+    }
+}
+
+impl Runner {
+    /// Validates `config` and starts the workers.
+    pub fn new(config: RunnerConfig) -> Result<Runner, ConfigError> {
+        if !(1..=1024).contains(&config.workers) {
+            return Err(ConfigError(format!("workers must be from 1 to 1024, got {}", config.workers)));
+        }
+        if !(1..=1_000_000).contains(&config.queue_capacity) {
+            return Err(ConfigError(format!(
+                "queue capacity must be from 1 to 1000000, got {}",
+                config.queue_capacity
+            )));
+        }
+        let pool = Pool::new(config.workers, config.queue_capacity).map_err(ConfigError)?;
+        Ok(Runner { inner: Arc::new(Inner { pool, limits: config.limits, codec: config.codec }) })
+    }
+
+    /// The runner's default limits.
+    pub fn limits(&self) -> &Limits {
+        &self.inner.limits
+    }
+
+    /// Runs (or resumes) a script. Must be called from within a tokio runtime;
+    /// host functions run on that runtime.
+    pub async fn run(&self, request: RunRequest) -> Result<Outcome, RunError> {
+        let limits = self.inner.limits.overridden_by(&request.limits);
+        if request.source.len() as u64 > limits.get(Limit::Source) {
+            return Err(RunError::new(
+                ErrorCode::SourceTooLarge,
+                format!(
+                    "the source is {} bytes, over the limit of {}",
+                    request.source.len(),
+                    limits.get(Limit::Source)
+                ),
+            ));
+        }
+        let tokio = tokio::runtime::Handle::try_current().map_err(|_| {
+            RunError::new(ErrorCode::ConfigurationError, "Runner::run must be called inside a tokio runtime")
+        })?;
+        let source_hash = source_hash(&request.source);
+        let scope = scope_hash(&request.audience, request.host.names(), &request.context, &source_hash);
+        let replay = self.replay(&request, &limits, &source_hash, &scope)?;
+        let seed = replay.seed;
+        let start_clock = replay.start_clock;
+        let logical_run_id = replay.logical_run_id.clone();
+
+        let (reply, mut answer) = tokio::sync::oneshot::channel();
+        let (inbox_sender, inbox) = mpsc::channel();
+        let abort = Arc::new(AtomicBool::new(false));
+        let host_cancel = CancelSignal::new();
+        let job = Job {
+            source: request.source.clone(),
+            source_hash,
+            host: request.host.clone(),
+            limits,
+            replay,
+            tokio,
+            inbox,
+            inbox_sender: inbox_sender.clone(),
+            abort: abort.clone(),
+            can_interrupt: self.inner.codec.is_some(),
+            host_cancel,
+            reply,
+        };
+        self.inner.pool.submit(job)?;
+        let mut stop = StopOnDrop { abort, inbox: inbox_sender, armed: true };
+        let cancel = request.cancel.clone().unwrap_or_default();
+        // A worker stuck in one long native operation cannot be interrupted in
+        // thread mode; the caller still gets its answer.
+        let backstop = limits.timeout() + Duration::from_secs(1) + limits.timeout() / 2;
+        let result = tokio::select! {
+            result = &mut answer => result.unwrap_or_else(|_| Err(RunError::internal("the worker stopped"))),
+            _ = cancel.cancelled() => {
+                stop.fire();
+                match tokio::time::timeout(Duration::from_secs(1), &mut answer).await {
+                    Ok(Ok(result)) => result,
+                    _ => Err(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller")),
+                }
+            }
+            _ = tokio::time::sleep(backstop) => {
+                stop.fire();
+                Err(RunError::new(ErrorCode::Timeout, "the run did not stop at its time limit and was abandoned"))
+            }
+        };
+        stop.armed = false;
+        match result? {
+            RawOutcome::Completed { value, console } => Ok(Outcome::Completed(Completion { value, console })),
+            RawOutcome::Interrupted { ledger, interruptions, console } => {
+                let state = ContinuationState {
+                    source_hash,
+                    scope_hash: scope,
+                    logical_run_id: logical_run_id.to_string(),
+                    seed,
+                    start_clock,
+                    ledger,
+                };
+                let continuation = self.encode(&state, &request.audience, &limits)?;
+                Ok(Outcome::Interrupted(Suspension {
+                    interruptions,
+                    continuation,
+                    logical_run_id: logical_run_id.to_string(),
+                    console,
+                }))
+            }
+        }
+    }
+
+    fn encode(&self, state: &ContinuationState, audience: &str, limits: &Limits) -> Result<String, RunError> {
+        let codec = self.inner.codec.as_ref().ok_or_else(|| {
+            RunError::new(
+                ErrorCode::ConfigurationError,
+                "the run interrupted but the runner has no continuation secret",
+            )
+        })?;
+        let token = codec.encode(&state.encode(), audience, SystemTime::now());
+        let limit = limits.get(Limit::Continuation);
+        if token.len() as u64 > limit {
+            return Err(RunError::new(
+                ErrorCode::SerializationError,
+                format!("the continuation is {} bytes, over the limit of {limit}", token.len()),
+            ));
+        }
+        Ok(token)
+    }
+
+    /// Verifies the continuation and resolutions, or starts a fresh history.
+    fn replay(
+        &self,
+        request: &RunRequest,
+        limits: &Limits,
+        source: &[u8; 32],
+        scope: &[u8; 32],
+    ) -> Result<Replay, RunError> {
+        let Some(token) = &request.continuation else {
+            if !request.resolutions.is_empty() {
+                return Err(RunError::protocol("resolutions were given without a continuation"));
+            }
+            let logical_run_id = match &request.logical_run_id {
+                Some(id) if !id.is_empty() && id.len() <= 256 => id.clone(),
+                Some(_) => {
+                    return Err(RunError::new(
+                        ErrorCode::ConfigurationError,
+                        "a logical run id must be 1 to 256 bytes",
+                    ));
+                }
+                None => new_run_id(),
+            };
+            return Ok(Replay {
+                logical_run_id: logical_run_id.into(),
+                seed: fresh_seed(),
+                start_clock: wall_clock_ms(),
+                ledger: Vec::new(),
+                resolutions: HashMap::new(),
+            });
+        };
+        let codec = self.inner.codec.as_ref().ok_or_else(|| {
+            RunError::new(
+                ErrorCode::ConfigurationError,
+                "a continuation was given but the runner has no continuation secret",
+            )
+        })?;
+        if token.len() as u64 > limits.get(Limit::Continuation) {
+            return Err(RunError::protocol("continuation rejected: token is larger than the continuation limit"));
+        }
+        let bytes = codec
+            .decode(token, &request.audience, SystemTime::now())
+            .map_err(|e| RunError::protocol(format!("{e} ({})", e.reason.as_str())))?;
+        let state =
+            ContinuationState::decode(&bytes).map_err(|e| RunError::protocol(format!("continuation rejected: {e}")))?;
+        if &state.source_hash != source {
+            return Err(RunError::protocol("continuation rejected: it was made for a different source"));
+        }
+        if &state.scope_hash != scope {
+            return Err(RunError::protocol(
+                "continuation rejected: it was made for a different scope (audience, context or host functions)",
+            ));
+        }
+        if state.ledger.len() as u64 > limits.get(Limit::HostCalls) {
+            return Err(RunError::new(
+                ErrorCode::BridgeLimit,
+                "the continuation records more host calls than the limit",
+            ));
+        }
+        let mut resolutions = HashMap::new();
+        for resolution in &request.resolutions {
+            let index = parse_interruption_id(&resolution.interruption_id)
+                .filter(|&i| {
+                    state.ledger.get(i as usize - 1).is_some_and(|e| matches!(e.outcome, CallOutcome::Interrupted(_)))
+                })
+                .ok_or_else(|| {
+                    RunError::protocol(format!("unknown interruption id {:?}", clip(&resolution.interruption_id)))
+                })?;
+            if resolutions.insert(index, resolution.value.clone()).is_some() {
+                return Err(RunError::protocol(format!(
+                    "interruption {} is resolved twice",
+                    resolution.interruption_id
+                )));
+            }
+        }
+        Ok(Replay {
+            logical_run_id: state.logical_run_id.into(),
+            seed: state.seed,
+            start_clock: state.start_clock,
+            ledger: state.ledger,
+            resolutions,
+        })
+    }
+}
+
+fn clip(s: &str) -> &str {
+    let mut end = s.len().min(64);
+    while !s.is_char_boundary(end) {
+        end -= 1;
+    }
+    &s[..end]
+}
+
+/// `interrupt-<k>` with k ≥ 1 in canonical decimal.
+fn parse_interruption_id(id: &str) -> Option<u32> {
+    let digits = id.strip_prefix("interrupt-")?;
+    if digits.is_empty() || digits.starts_with('0') || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok().filter(|&k| k >= 1)
+}
+
+fn new_run_id() -> String {
+    let mut bytes = [0u8; 16];
+    if getrandom::fill(&mut bytes).is_err() {
+        bytes = (fresh_seed() as u128 ^ ((wall_clock_ms() as u128) << 64)).to_le_bytes();
+    }
+    format!("run_{}", base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(bytes))
+}
+
+/// Tells the worker to stop if the caller goes away or gives up.
+struct StopOnDrop {
+    abort: Arc<AtomicBool>,
+    inbox: mpsc::Sender<WorkerMessage>,
+    armed: bool,
+}
+
+impl StopOnDrop {
+    fn fire(&self) {
+        self.abort.store(true, Ordering::SeqCst);
+        let _ = self.inbox.send(WorkerMessage::Abort);
+    }
+}
+
+impl Drop for StopOnDrop {
+    fn drop(&mut self) {
+        if self.armed {
+            self.fire();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn interruption_ids_are_canonical() {
+        assert_eq!(parse_interruption_id("interrupt-1"), Some(1));
+        assert_eq!(parse_interruption_id("interrupt-42"), Some(42));
+        for bad in [
+            "interrupt-0",
+            "interrupt-01",
+            "interrupt-",
+            "interrupt--1",
+            "interrupt-1 ",
+            "x-1",
+            "interrupt-99999999999",
+        ] {
+            assert_eq!(parse_interruption_id(bad), None, "{bad}");
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! A metered allocator: the engine's heap limit, with a latch the guest cannot catch.
+//!
+//! QuickJS turns a failed allocation into an ordinary, catchable exception.
+//! Counting every byte here lets the runner notice the failure itself: the
+//! `exceeded` latch stays set, the interrupt handler then stops the run, and the
+//! run ends with `RUN_MEMORY_LIMIT` whatever the script caught.
+
+use rquickjs::allocator::Allocator;
+use std::alloc::{Layout, alloc, alloc_zeroed, dealloc, realloc};
+use std::cell::Cell;
+use std::rc::Rc;
+
+const HEADER: usize = 16;
+const ALIGN: usize = 16;
+
+/// Shared between the allocator and the worker that owns the runtime.
+#[derive(Default)]
+pub(crate) struct HeapMeter {
+    used: Cell<usize>,
+    /// Absolute ceiling on `used`; `usize::MAX` while setting up a realm.
+    ceiling: Cell<usize>,
+    exceeded: Cell<bool>,
+}
+
+impl HeapMeter {
+    pub(crate) fn new() -> Rc<Self> {
+        let meter = Rc::new(HeapMeter::default());
+        meter.ceiling.set(usize::MAX);
+        meter
+    }
+
+    /// Allows `budget` more bytes than are in use now; clears the latch.
+    pub(crate) fn start_budget(&self, budget: usize) {
+        self.exceeded.set(false);
+        self.ceiling.set(self.used.get().saturating_add(budget));
+    }
+
+    /// Lifts the ceiling (between runs).
+    pub(crate) fn lift(&self) {
+        self.ceiling.set(usize::MAX);
+    }
+
+    /// Whether an allocation was refused since the budget started.
+    pub(crate) fn exceeded(&self) -> bool {
+        self.exceeded.get()
+    }
+
+    fn admit(&self, extra: usize) -> bool {
+        let next = self.used.get().saturating_add(extra);
+        if next > self.ceiling.get() {
+            self.exceeded.set(true);
+            return false;
+        }
+        true
+    }
+}
+
+/// The allocator installed in every worker runtime.
+pub(crate) struct MeteredAllocator {
+    pub(crate) meter: Rc<HeapMeter>,
+}
+
+fn layout(size: usize) -> Option<Layout> {
+    Layout::from_size_align(size.checked_add(HEADER)?, ALIGN).ok()
+}
+
+unsafe fn size_of_block(ptr: *mut u8) -> usize {
+    unsafe { ptr.sub(HEADER).cast::<usize>().read() }
+}
+
+unsafe impl Allocator for MeteredAllocator {
+    fn alloc(&mut self, size: usize) -> *mut u8 {
+        self.allocate(size, false)
+    }
+
+    fn calloc(&mut self, count: usize, size: usize) -> *mut u8 {
+        match count.checked_mul(size) {
+            Some(total) => self.allocate(total, true),
+            None => std::ptr::null_mut(),
+        }
+    }
+
+    unsafe fn dealloc(&mut self, ptr: *mut u8) {
+        if ptr.is_null() {
+            return;
+        }
+        unsafe {
+            let size = size_of_block(ptr);
+            self.meter.used.set(self.meter.used.get() - size);
+            dealloc(ptr.sub(HEADER), layout(size).expect("layout was valid at allocation"));
+        }
+    }
+
+    unsafe fn realloc(&mut self, ptr: *mut u8, new_size: usize) -> *mut u8 {
+        if ptr.is_null() {
+            return self.allocate(new_size, false);
+        }
+        let old_size = unsafe { size_of_block(ptr) };
+        if new_size > old_size && !self.meter.admit(new_size - old_size) {
+            return std::ptr::null_mut();
+        }
+        let Some(new_layout) = layout(new_size) else { return std::ptr::null_mut() };
+        unsafe {
+            let old_layout = layout(old_size).expect("layout was valid at allocation");
+            let base = realloc(ptr.sub(HEADER), old_layout, new_layout.size());
+            if base.is_null() {
+                return std::ptr::null_mut();
+            }
+            base.cast::<usize>().write(new_size);
+            self.meter.used.set(self.meter.used.get() - old_size + new_size);
+            base.add(HEADER)
+        }
+    }
+
+    unsafe fn usable_size(ptr: *mut u8) -> usize {
+        unsafe { size_of_block(ptr) }
+    }
+}
+
+impl MeteredAllocator {
+    fn allocate(&mut self, size: usize, zeroed: bool) -> *mut u8 {
+        let Some(layout) = layout(size) else { return std::ptr::null_mut() };
+        if !self.meter.admit(size) {
+            return std::ptr::null_mut();
+        }
+        unsafe {
+            let base = if zeroed { alloc_zeroed(layout) } else { alloc(layout) };
+            if base.is_null() {
+                return std::ptr::null_mut();
+            }
+            base.cast::<usize>().write(size);
+            self.meter.used.set(self.meter.used.get() + size);
+            base.add(HEADER)
+        }
+    }
+}

@@ -1,0 +1,170 @@
+//! One QuickJS runtime per worker thread, with its compiler and a spare realm.
+
+use super::alloc::{HeapMeter, MeteredAllocator};
+use super::interrupt::RunGuard;
+use super::js;
+use super::serialize::ClassIds;
+use crate::determinism::SeededRandom;
+use crate::error::{ErrorCode, RunError};
+use crate::job::{Job, RawOutcome};
+use rquickjs::context::intrinsic::{Date, Eval, Json, MapSet, Promise, Proxy, RegExp, RegExpCompiler, TypedArrays};
+use rquickjs::{Context, Function, Object, Persistent, Runtime, Value, qjs};
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, VecDeque};
+use std::rc::Rc;
+
+/// What every guest realm gets; no eval, no WeakRef, no performance.
+type GuestIntrinsics = (Date, RegExpCompiler, RegExp, Json, Proxy, MapSet, TypedArrays, Promise);
+/// The compiler context: it only parses, and never runs guest code.
+type CompilerIntrinsics = (Eval, Date);
+
+const HARDEN_JS: &str = include_str!("harden.js");
+const BYTECODE_CACHE_ENTRIES: usize = 64;
+const BYTECODE_CACHE_BYTES: usize = 16 * 1024 * 1024;
+
+/// Rust-side state a realm's natives read (no JavaScript values: no cycles).
+pub(crate) struct RealmShared {
+    pub clock: Cell<f64>,
+    pub rng: RefCell<SeededRandom>,
+}
+
+/// A hardened realm that no script has touched yet.
+pub(crate) struct Realm {
+    pub helpers: Persistent<Object<'static>>,
+    pub shared: Rc<RealmShared>,
+    pub context: Context,
+}
+
+/// Per-worker engine. Not `Send`: it lives and dies on its worker thread.
+pub(crate) struct Engine {
+    spare: Option<Realm>,
+    compiler: Context,
+    harden: Vec<u8>,
+    pub(crate) classes: ClassIds,
+    cache: BytecodeCache,
+    pub(crate) guard: Rc<RunGuard>,
+    pub(crate) meter: Rc<HeapMeter>,
+    pub(crate) runtime: Runtime,
+}
+
+impl Engine {
+    pub(crate) fn new() -> Result<Engine, RunError> {
+        let meter = HeapMeter::new();
+        let runtime = Runtime::new_with_alloc(MeteredAllocator { meter: meter.clone() })
+            .map_err(|e| RunError::internal(format!("cannot start the engine: {e}")))?;
+        let guard = RunGuard::new(meter.clone());
+        let handler_guard = guard.clone();
+        runtime.set_interrupt_handler(Some(Box::new(move || handler_guard.should_stop())));
+        let compiler = Context::custom::<CompilerIntrinsics>(&runtime)
+            .map_err(|e| RunError::internal(format!("cannot create the compiler: {e}")))?;
+        let (harden, classes) = compiler.with(|ctx| {
+            let harden = js::compile(&ctx, HARDEN_JS, "harden.js", 0)
+                .map_err(|e| RunError::internal(format!("hardening script: {e}")))?;
+            let raw = ctx.as_raw().as_ptr();
+            let date: Value = ctx.eval("new Date(0)").map_err(|e| RunError::internal(e.to_string()))?;
+            let classes = unsafe {
+                let object = qjs::JS_NewObject(raw);
+                let array = qjs::JS_NewArray(raw);
+                let error = qjs::JS_NewError(raw);
+                let ids = ClassIds {
+                    object: qjs::JS_GetClassID(object),
+                    array: qjs::JS_GetClassID(array),
+                    date: qjs::JS_GetClassID(date.as_raw()),
+                    error: qjs::JS_GetClassID(error),
+                };
+                qjs::JS_FreeValue(raw, object);
+                qjs::JS_FreeValue(raw, array);
+                qjs::JS_FreeValue(raw, error);
+                ids
+            };
+            Ok::<_, RunError>((harden, classes))
+        })?;
+        Ok(Engine { spare: None, compiler, harden, classes, cache: BytecodeCache::default(), guard, meter, runtime })
+    }
+
+    /// Builds a realm now so the next run does not wait for it.
+    pub(crate) fn prepare_spare(&mut self) {
+        if self.spare.is_none() {
+            self.spare = self.new_realm().ok();
+        }
+    }
+
+    fn new_realm(&self) -> Result<Realm, RunError> {
+        let fail = |e: rquickjs::Error| RunError::internal(format!("cannot create a realm: {e}"));
+        let context = Context::custom::<GuestIntrinsics>(&self.runtime).map_err(fail)?;
+        let shared = Rc::new(RealmShared { clock: Cell::new(0.0), rng: RefCell::new(SeededRandom::new(0)) });
+        let helpers = context.with(|ctx| {
+            let natives = Object::new(ctx.clone())?;
+            let clock = shared.clone();
+            natives.set("now", Function::new(ctx.clone(), move || clock.clock.get())?.with_name("now")?)?;
+            let rng = shared.clone();
+            natives.set(
+                "random",
+                Function::new(ctx.clone(), move || rng.rng.borrow_mut().next_f64())?.with_name("random")?,
+            )?;
+            let harden = js::load(&ctx, &self.harden).map_err(|_| rquickjs::Error::Exception)?;
+            let harden = Function::from_value(harden)?;
+            let helpers: Object = harden.call((natives,))?;
+            Ok::<_, rquickjs::Error>(Persistent::save(&ctx, helpers))
+        });
+        let helpers = helpers.map_err(fail)?;
+        Ok(Realm { helpers, shared, context })
+    }
+
+    /// Takes the spare realm or builds one.
+    pub(crate) fn take_realm(&mut self) -> Result<Realm, RunError> {
+        match self.spare.take() {
+            Some(realm) => Ok(realm),
+            None => self.new_realm(),
+        }
+    }
+
+    /// Bytecode for `source`, from the cache or compiled now.
+    pub(crate) fn bytecode(&mut self, source: &str, hash: &[u8; 32]) -> Result<Rc<[u8]>, RunError> {
+        if let Some(code) = self.cache.get(hash) {
+            return Ok(code);
+        }
+        let code: Rc<[u8]> = self
+            .compiler
+            .with(|ctx| js::compile_script(&ctx, source))
+            .map_err(|message| RunError::new(ErrorCode::Error, message))?
+            .into();
+        self.cache.insert(*hash, code.clone());
+        Ok(code)
+    }
+
+    /// Runs one job to its outcome.
+    pub(crate) fn execute(&mut self, job: &Job) -> Result<RawOutcome, RunError> {
+        super::execution::execute(self, job)
+    }
+}
+
+/// Compiled scripts by source hash, evicted oldest first.
+#[derive(Default)]
+struct BytecodeCache {
+    entries: HashMap<[u8; 32], Rc<[u8]>>,
+    order: VecDeque<[u8; 32]>,
+    bytes: usize,
+}
+
+impl BytecodeCache {
+    fn get(&self, hash: &[u8; 32]) -> Option<Rc<[u8]>> {
+        self.entries.get(hash).cloned()
+    }
+
+    fn insert(&mut self, hash: [u8; 32], code: Rc<[u8]>) {
+        if code.len() > BYTECODE_CACHE_BYTES / 4 {
+            return;
+        }
+        self.bytes += code.len();
+        if self.entries.insert(hash, code).is_none() {
+            self.order.push_back(hash);
+        }
+        while self.entries.len() > BYTECODE_CACHE_ENTRIES || self.bytes > BYTECODE_CACHE_BYTES {
+            let Some(oldest) = self.order.pop_front() else { break };
+            if let Some(old) = self.entries.remove(&oldest) {
+                self.bytes -= old.len();
+            }
+        }
+    }
+}

@@ -1,0 +1,837 @@
+//! One run inside one fresh realm: the host-call bridge, replay and the event loop.
+//!
+//! Ordering rules that make replay exact:
+//! * every settle (recorded or live) happens only when the job queue is empty,
+//!   one settle at a time, followed by draining the queue again;
+//! * recorded settles are applied in their recorded order, and no host
+//!   function runs until all of them have been applied and every recorded call
+//!   has been matched (so a diverging script fails before any effect);
+//! * the logical clock moves to the settle's recorded time at each settle.
+
+use super::console::ConsoleBuffer;
+use super::engine::{Engine, Realm, RealmShared};
+use super::interrupt::RunGuard;
+use super::js;
+use super::serialize::{ClassIds, Mode, SerializeError, Serializer, js_string};
+use super::stack_guard::{StackGuard, stack_pointer};
+use crate::determinism::{SeededRandom, wall_clock_ms};
+use crate::error::{ErrorCode, RunError};
+use crate::job::{Job, RawOutcome, WorkerMessage};
+use crate::limits::Limit;
+use crate::outcome::{ConsoleLevel, Interruption};
+use crate::state::{CallOutcome, LedgerEntry};
+use resumable_host::{CancelSignal, HostCallContext, HostError, HostFunctions, HostFuture, HostResult, Resume};
+use rquickjs::function::Rest;
+use rquickjs::promise::PromiseState;
+use rquickjs::{Ctx, Function, Object, Promise, Value, qjs};
+use serde_json::Value as Json;
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::ffi::c_void;
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::mpsc::RecvTimeoutError;
+use std::task::{Context as TaskContext, Poll, Waker};
+use std::time::{Duration, Instant};
+
+/// Longest text of one console argument.
+const CONSOLE_ARGUMENT_BYTES: usize = 16 * 1024;
+
+pub(crate) fn execute(engine: &mut Engine, job: &Job) -> Result<RawOutcome, RunError> {
+    let started = Instant::now();
+    let deadline = started + job.limits.timeout();
+    let code = engine.bytecode(&job.source, &job.source_hash)?;
+    let realm = engine.take_realm()?;
+
+    let stack_size = job.limits.usize(Limit::Stack);
+    let runtime = realm.context.get_runtime_ptr();
+    // SAFETY: the worker thread's stack is four times the largest JS stack,
+    // and the band painted lies below this frame.
+    let stack = unsafe {
+        qjs::JS_UpdateStackTop(runtime);
+        qjs::JS_SetMaxStackSize(runtime, stack_size as _);
+        StackGuard::paint(stack_pointer() - stack_size)
+    };
+    engine.guard.arm(deadline, job.abort.clone(), stack);
+    realm.shared.clock.set(job.replay.start_clock);
+    *realm.shared.rng.borrow_mut() = SeededRandom::new(job.replay.seed);
+    engine.meter.start_budget(job.limits.usize(Limit::Memory));
+
+    let outcome = run_in_realm(&realm, engine.guard.clone(), engine.classes, job, &code, deadline);
+
+    engine.meter.lift();
+    engine.guard.disarm();
+    drop(realm);
+    outcome
+}
+
+fn run_in_realm(
+    realm: &Realm,
+    guard: Rc<RunGuard>,
+    classes: ClassIds,
+    job: &Job,
+    code: &[u8],
+    deadline: Instant,
+) -> Result<RawOutcome, RunError> {
+    realm.context.with(|ctx| {
+        let helpers = realm.helpers.clone().restore(&ctx).map_err(engine_error)?;
+        let env = Rc::new(RunEnv::new(&ctx, job, guard, classes, realm.shared.clone(), &helpers)?);
+        let result = install(&ctx, &env, &helpers)
+            .and_then(|()| Driver { ctx: ctx.clone(), env: env.clone(), job }.run(code, deadline));
+        env.finish();
+        result
+    })
+}
+
+fn engine_error(e: rquickjs::Error) -> RunError {
+    RunError::internal(format!("engine: {e}"))
+}
+
+/// Everything the natives of one run share.
+struct RunEnv<'js> {
+    guard: Rc<RunGuard>,
+    shared: Rc<RealmShared>,
+    classes: ClassIds,
+    /// Realm functions the runner calls natively; dropped in `finish` to break cycles.
+    realm_functions: RefCell<Option<RealmFunctions<'js>>>,
+    host: HostFunctions,
+    tokio: tokio::runtime::Handle,
+    inbox: std::sync::mpsc::Sender<WorkerMessage>,
+    host_cancel: CancelSignal,
+    logical_run_id: Arc<str>,
+    can_interrupt: bool,
+    max_calls: u32,
+    max_in_flight: usize,
+    argument_bytes: usize,
+    output_bytes: usize,
+    bridge: RefCell<Bridge<'js>>,
+}
+
+/// Original intrinsics captured by the hardening script.
+#[derive(Clone)]
+struct RealmFunctions<'js> {
+    date_to_iso: Function<'js>,
+    error_stack: Option<Function<'js>>,
+}
+
+/// Mutable bookkeeping of the host-call bridge.
+struct Bridge<'js> {
+    ledger: Vec<LedgerEntry>,
+    recorded: usize,
+    /// Call index for each recorded settle order.
+    recorded_settles: Vec<u32>,
+    replaying: bool,
+    resolutions: HashMap<u32, Json>,
+    calls_made: u32,
+    attempts: u32,
+    next_settle: u32,
+    promises: HashMap<u32, (Function<'js>, Function<'js>)>,
+    held: Vec<u32>,
+    ready: VecDeque<(u32, HostResult)>,
+    in_flight: usize,
+    tasks: Vec<tokio::task::JoinHandle<()>>,
+    interrupted: BTreeSet<u32>,
+    our_errors: Vec<OurError<'js>>,
+    console: ConsoleBuffer,
+}
+
+/// An error object the runner created; only these carry reserved codes.
+struct OurError<'js> {
+    object: Value<'js>,
+    code: ErrorCode,
+    message: String,
+}
+
+impl<'js> RunEnv<'js> {
+    fn new(
+        ctx: &Ctx<'js>,
+        job: &Job,
+        guard: Rc<RunGuard>,
+        classes: ClassIds,
+        shared: Rc<RealmShared>,
+        helpers: &Object<'js>,
+    ) -> Result<Self, RunError> {
+        let date_to_iso: Function = helpers.get("dateToISOString").map_err(engine_error)?;
+        let error_stack: Option<Function> = helpers.get("errorStack").map_err(engine_error)?;
+        let replay = &job.replay;
+        let mut recorded_settles = vec![0u32; replay.ledger.len()];
+        let mut settled = 0usize;
+        let mut interrupted = BTreeSet::new();
+        for (i, entry) in replay.ledger.iter().enumerate() {
+            match entry.settle_order {
+                Some(order) => {
+                    recorded_settles[order as usize] = i as u32 + 1;
+                    settled += 1;
+                }
+                None => {
+                    interrupted.insert(i as u32 + 1);
+                }
+            }
+        }
+        recorded_settles.truncate(settled);
+        let limits = &job.limits;
+        let _ = ctx;
+        Ok(RunEnv {
+            guard,
+            shared,
+            classes,
+            realm_functions: RefCell::new(Some(RealmFunctions { date_to_iso, error_stack })),
+            host: job.host.clone(),
+            tokio: job.tokio.clone(),
+            inbox: job.inbox_sender.clone(),
+            host_cancel: job.host_cancel.clone(),
+            logical_run_id: replay.logical_run_id.clone(),
+            can_interrupt: job.can_interrupt,
+            max_calls: limits.get(Limit::HostCalls) as u32,
+            max_in_flight: limits.usize(Limit::HostCallsInFlight),
+            argument_bytes: limits.usize(Limit::HostCallArguments),
+            output_bytes: limits.usize(Limit::HostCallOutput),
+            bridge: RefCell::new(Bridge {
+                ledger: replay.ledger.clone(),
+                recorded: replay.ledger.len(),
+                recorded_settles,
+                replaying: !replay.ledger.is_empty(),
+                resolutions: replay.resolutions.clone(),
+                calls_made: 0,
+                attempts: 0,
+                next_settle: 0,
+                promises: HashMap::new(),
+                held: Vec::new(),
+                ready: VecDeque::new(),
+                in_flight: 0,
+                tasks: Vec::new(),
+                interrupted,
+                our_errors: Vec::new(),
+                console: ConsoleBuffer::new(limits.usize(Limit::Console)),
+            }),
+        })
+    }
+
+    /// Ends the run: stops host work still running and drops every script value.
+    fn finish(&self) {
+        let mut bridge = self.bridge.borrow_mut();
+        if bridge.in_flight > 0 || !bridge.tasks.is_empty() {
+            self.host_cancel.cancel();
+        }
+        for task in bridge.tasks.drain(..) {
+            task.abort();
+        }
+        bridge.promises.clear();
+        bridge.our_errors.clear();
+        bridge.ready.clear();
+        self.realm_functions.borrow_mut().take();
+    }
+
+    /// Records `error` as the run's end and throws past every `catch`.
+    fn fatal(&self, ctx: &Ctx<'js>, error: RunError) -> rquickjs::Error {
+        let message = error.message.clone();
+        self.guard.latch(error);
+        js::throw_uncatchable(ctx, &message)
+    }
+
+    /// A catchable error object with a reserved `code`, remembered as ours.
+    fn our_error(
+        &self,
+        ctx: &Ctx<'js>,
+        code: ErrorCode,
+        message: String,
+        details: Option<&str>,
+    ) -> rquickjs::Result<Value<'js>> {
+        let name = match code {
+            ErrorCode::SerializationError => "SerializationError",
+            _ => "HostFunctionError",
+        };
+        let details = details.and_then(|d| js::parse_json(ctx, d));
+        let object = js::new_error(ctx, name, code.as_str(), &message, details).ok_or(rquickjs::Error::Exception)?;
+        self.bridge.borrow_mut().our_errors.push(OurError { object: object.clone(), code, message });
+        Ok(object)
+    }
+
+    fn realm_functions(&self) -> RealmFunctions<'js> {
+        self.realm_functions.borrow().clone().expect("realm functions live until the run finishes")
+    }
+
+    /// Serializes `value` as JSON text under `mode`.
+    fn to_json(
+        &self,
+        ctx: &Ctx<'js>,
+        value: &Value<'js>,
+        root: &str,
+        mode: Mode,
+        limit: usize,
+    ) -> Result<String, SerializeError> {
+        let functions = self.realm_functions();
+        Serializer::new(ctx, self.classes, &functions.date_to_iso, mode, limit).serialize(value, root)
+    }
+
+    fn arguments_to_json(&self, ctx: &Ctx<'js>, args: &[Value<'js>]) -> Result<String, SerializeError> {
+        let functions = self.realm_functions();
+        Serializer::new(ctx, self.classes, &functions.date_to_iso, Mode::Strict, self.argument_bytes)
+            .serialize_arguments(args)
+    }
+
+    /// Starts the host function of call `index` (its ledger entry is in place).
+    fn start_host(&self, index: u32, resume: Option<Resume>) {
+        let (function, arguments) = {
+            let bridge = self.bridge.borrow();
+            let entry = &bridge.ledger[index as usize - 1];
+            (entry.function.clone(), entry.arguments.clone())
+        };
+        let arguments: Vec<Json> = serde_json::from_str(&arguments).unwrap_or_default();
+        let call = HostCallContext::new(
+            self.logical_run_id.clone(),
+            function.as_str(),
+            index,
+            resume,
+            self.host_cancel.clone(),
+        );
+        let mut future = self.host.call(&function, call, arguments);
+        let polled = {
+            let _runtime = self.tokio.enter();
+            catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(&mut TaskContext::from_waker(Waker::noop()))))
+        };
+        let mut bridge = self.bridge.borrow_mut();
+        bridge.in_flight += 1;
+        match polled {
+            Ok(Poll::Ready(result)) => bridge.ready.push_back((index, result)),
+            Ok(Poll::Pending) => {
+                let inbox = self.inbox.clone();
+                bridge.tasks.push(self.tokio.spawn(async move {
+                    let result = CatchUnwind(future).await;
+                    let _ = inbox.send(WorkerMessage::Settled(index, result));
+                }));
+            }
+            Err(_) => bridge.ready.push_back((index, Err(panicked()))),
+        }
+    }
+}
+
+fn panicked() -> HostError {
+    HostError::internal("host function panicked")
+}
+
+/// Polls a host future, turning a panic into a failed call.
+struct CatchUnwind(HostFuture);
+
+impl Future for CatchUnwind {
+    type Output = HostResult;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<HostResult> {
+        match catch_unwind(AssertUnwindSafe(|| self.0.as_mut().poll(cx))) {
+            Ok(poll) => poll,
+            Err(_) => Poll::Ready(Err(panicked())),
+        }
+    }
+}
+
+/// Puts the run's console and host namespaces into the realm.
+fn install<'js>(ctx: &Ctx<'js>, env: &Rc<RunEnv<'js>>, helpers: &Object<'js>) -> Result<(), RunError> {
+    let build = || -> rquickjs::Result<()> {
+        let methods = Object::new(ctx.clone())?;
+        for (name, level) in [
+            ("log", ConsoleLevel::Log),
+            ("debug", ConsoleLevel::Log),
+            ("info", ConsoleLevel::Info),
+            ("warn", ConsoleLevel::Warn),
+            ("error", ConsoleLevel::Error),
+        ] {
+            let env = env.clone();
+            let method = Function::new(ctx.clone(), move |ctx: Ctx<'js>, args: Rest<Value<'js>>| {
+                console_write(&ctx, &env, level, &args.0);
+            })?
+            .with_name(name)?;
+            methods.set(name, method)?;
+        }
+        let install_console: Function = helpers.get("installConsole")?;
+        install_console.call::<_, ()>((methods,))?;
+
+        let make_namespace: Function = helpers.get("makeNamespace")?;
+        for (namespace, functions) in env.host.namespaces() {
+            let members = Object::new(ctx.clone())?;
+            for function in functions {
+                let full: Rc<str> = format!("{namespace}.{function}").into();
+                let env = env.clone();
+                let native = Function::new(ctx.clone(), move |ctx: Ctx<'js>, args: Rest<Value<'js>>| {
+                    host_call(&ctx, &env, &full, args.0)
+                })?
+                .with_name(function)?;
+                members.set(function, native)?;
+            }
+            let env = env.clone();
+            let unknown = Function::new(ctx.clone(), move |ctx: Ctx<'js>, name: String| -> rquickjs::Result<()> {
+                let message = env.host.unknown_function_message(&name);
+                let error = counted_attempt(&ctx, &env)
+                    .and_then(|()| env.our_error(&ctx, ErrorCode::HostFunctionError, message, None))?;
+                Err(ctx.throw(error))
+            })?;
+            make_namespace.call::<_, ()>((namespace, members, unknown))?;
+        }
+        Ok(())
+    };
+    build().map_err(|e| env.guard.check().unwrap_or_else(|| engine_error(e)))
+}
+
+fn console_write<'js>(ctx: &Ctx<'js>, env: &RunEnv<'js>, level: ConsoleLevel, args: &[Value<'js>]) {
+    if !env.bridge.borrow().console.accepting() {
+        return;
+    }
+    let raw = ctx.as_raw().as_ptr();
+    let mut parts = Vec::with_capacity(args.len());
+    for arg in args {
+        let text = if arg.is_string() {
+            js_string(raw, arg.as_raw()).unwrap_or_default()
+        } else if arg.is_undefined() {
+            "undefined".to_string()
+        } else {
+            env.to_json(ctx, arg, "console", Mode::Lenient, CONSOLE_ARGUMENT_BYTES)
+                .unwrap_or_else(|_| "[value too large to print]".into())
+        };
+        parts.push(text);
+    }
+    env.bridge.borrow_mut().console.push(level, parts.join(" "));
+}
+
+/// Counts one use of the bridge against the host-call limit.
+fn counted_attempt<'js>(ctx: &Ctx<'js>, env: &RunEnv<'js>) -> rquickjs::Result<()> {
+    let attempts = {
+        let mut bridge = env.bridge.borrow_mut();
+        bridge.attempts += 1;
+        bridge.attempts
+    };
+    if attempts > env.max_calls {
+        let message = format!("the script made more than {} host calls", env.max_calls);
+        return Err(env.fatal(ctx, RunError::new(ErrorCode::BridgeLimit, message)));
+    }
+    Ok(())
+}
+
+/// The native behind every `namespace.function(...)`.
+fn host_call<'js>(
+    ctx: &Ctx<'js>,
+    env: &RunEnv<'js>,
+    function: &str,
+    args: Vec<Value<'js>>,
+) -> rquickjs::Result<Value<'js>> {
+    if env.guard.should_stop() {
+        return Err(js::throw_uncatchable(ctx, "the run is stopping"));
+    }
+    counted_attempt(ctx, env)?;
+    let arguments = match env.arguments_to_json(ctx, &args) {
+        Ok(text) => text,
+        Err(SerializeError::TooLarge { limit }) => {
+            let message = format!("the arguments of {function} are larger than the limit of {limit} bytes");
+            return Err(env.fatal(ctx, RunError::new(ErrorCode::BridgeLimit, message)));
+        }
+        Err(err) => {
+            let error = env.our_error(
+                ctx,
+                ErrorCode::SerializationError,
+                err.message(&format!("an argument of {function}")),
+                None,
+            )?;
+            let (promise, _, reject) = Promise::new(ctx)?;
+            reject.call::<_, ()>((error,))?;
+            return Ok(promise.into_value());
+        }
+    };
+    let (promise, resolve, reject) = Promise::new(ctx)?;
+    let mut bridge = env.bridge.borrow_mut();
+    let index = bridge.calls_made + 1;
+    bridge.calls_made = index;
+    if (index as usize) <= bridge.recorded {
+        let entry = &bridge.ledger[index as usize - 1];
+        if entry.function != function || entry.arguments != arguments {
+            let message = format!(
+                "the script diverged from its continuation at host call {index}: recorded {}({}), now {function}({})",
+                entry.function,
+                clip(&entry.arguments),
+                clip(&arguments)
+            );
+            drop(bridge);
+            return Err(env.fatal(ctx, RunError::protocol(message)));
+        }
+        if matches!(entry.outcome, CallOutcome::Interrupted(_)) && bridge.resolutions.contains_key(&index) {
+            bridge.held.push(index);
+        }
+        bridge.promises.insert(index, (resolve, reject));
+        return Ok(promise.into_value());
+    }
+    if bridge.replaying {
+        drop(bridge);
+        let message = format!("the script made host call {index} ({function}), which its continuation does not record");
+        return Err(env.fatal(ctx, RunError::protocol(message)));
+    }
+    if bridge.in_flight >= env.max_in_flight {
+        drop(bridge);
+        let message = format!("the script had more than {} host calls in flight", env.max_in_flight);
+        return Err(env.fatal(ctx, RunError::new(ErrorCode::BridgeLimit, message)));
+    }
+    bridge.ledger.push(LedgerEntry {
+        function: function.to_string(),
+        arguments,
+        outcome: CallOutcome::Interrupted(String::new()),
+        settle_order: None,
+        clock: env.shared.clock.get(),
+    });
+    bridge.promises.insert(index, (resolve, reject));
+    drop(bridge);
+    env.start_host(index, None);
+    Ok(promise.into_value())
+}
+
+fn clip(text: &str) -> &str {
+    let mut end = text.len().min(200);
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// Drives one run to its outcome.
+struct Driver<'a, 'js> {
+    ctx: Ctx<'js>,
+    env: Rc<RunEnv<'js>>,
+    job: &'a Job,
+}
+
+/// What the loop does next.
+enum Step {
+    Continue,
+    Done(Result<RawOutcome, RunError>),
+}
+
+impl<'js> Driver<'_, 'js> {
+    fn run(&self, code: &[u8], deadline: Instant) -> Result<RawOutcome, RunError> {
+        let main = match js::load(&self.ctx, code) {
+            Ok(main) => main,
+            Err(thrown) => return Err(self.failure(thrown)),
+        };
+        let Some(main) = main.as_function().cloned() else {
+            return Err(RunError::new(ErrorCode::Error, "the source must be a function body"));
+        };
+        let promise = match main.call::<_, Value>(()) {
+            Ok(value) => value,
+            Err(_) => {
+                let thrown = self.ctx.catch();
+                return Err(self.failure(thrown));
+            }
+        };
+        let Some(promise) = promise.into_promise() else {
+            return Err(RunError::internal("the script wrapper did not return a promise"));
+        };
+        loop {
+            self.run_jobs();
+            if let Some(error) = self.env.guard.check() {
+                return Err(self.with_console(error));
+            }
+            match self.step(&promise, deadline) {
+                Step::Continue => {}
+                Step::Done(result) => return result.map_err(|e| self.with_console(e)),
+            }
+        }
+    }
+
+    fn run_jobs(&self) {
+        let runtime = unsafe { qjs::JS_GetRuntime(self.ctx.as_raw().as_ptr()) };
+        loop {
+            if self.env.guard.should_stop() || !unsafe { qjs::JS_IsJobPending(runtime) } {
+                return;
+            }
+            let mut job_ctx: *mut qjs::JSContext = std::ptr::null_mut();
+            if unsafe { qjs::JS_ExecutePendingJob(runtime, &mut job_ctx) } < 0 && !job_ctx.is_null() {
+                unsafe { qjs::JS_FreeValue(job_ctx, qjs::JS_GetException(job_ctx)) };
+            }
+        }
+    }
+
+    fn step(&self, promise: &Promise<'js>, deadline: Instant) -> Step {
+        let env = &*self.env;
+        if let Some(step) = self.replay_step() {
+            return step;
+        }
+        match promise.state() {
+            PromiseState::Rejected => {
+                let thrown = unsafe {
+                    Value::from_raw(
+                        self.ctx.clone(),
+                        qjs::JS_PromiseResult(self.ctx.as_raw().as_ptr(), promise.as_raw()),
+                    )
+                };
+                return Step::Done(Err(self.failure(thrown)));
+            }
+            PromiseState::Resolved => {
+                let bridge = env.bridge.borrow();
+                if bridge.replaying {
+                    return Step::Done(Err(RunError::protocol(format!(
+                        "the script returned before replaying its continuation ({} of {} recorded host calls made)",
+                        bridge.calls_made, bridge.recorded
+                    ))));
+                }
+                if bridge.interrupted.is_empty() {
+                    if bridge.in_flight > 0 {
+                        return Step::Done(Err(RunError::new(
+                            ErrorCode::DetachedBridgeRequest,
+                            format!(
+                                "the script returned while {} host call(s) it started were still running; await every call",
+                                bridge.in_flight
+                            ),
+                        )));
+                    }
+                    drop(bridge);
+                    return Step::Done(self.completed(promise));
+                }
+            }
+            PromiseState::Pending => {}
+        }
+
+        let mut bridge = env.bridge.borrow_mut();
+        if let Some((index, result)) = bridge.ready.pop_front() {
+            drop(bridge);
+            return self.settle_live(index, result);
+        }
+        if bridge.in_flight > 0 {
+            drop(bridge);
+            return self.wait(deadline);
+        }
+        if !bridge.interrupted.is_empty() {
+            drop(bridge);
+            return Step::Done(self.interrupted());
+        }
+        Step::Done(Err(RunError::new(
+            ErrorCode::Error,
+            "the script is waiting on a promise that nothing can settle (no host call is running)",
+        )))
+    }
+
+    /// While replaying: applies the next recorded settle, or ends the replay
+    /// (checking every recorded call was made) and starts resumed calls.
+    fn replay_step(&self) -> Option<Step> {
+        let env = &*self.env;
+        let mut bridge = env.bridge.borrow_mut();
+        if !bridge.replaying {
+            return None;
+        }
+        let next = bridge.next_settle as usize;
+        if let Some(&index) = bridge.recorded_settles.get(next) {
+            if !bridge.promises.contains_key(&index) {
+                let message = format!("the script did not make host call {index}, which its continuation records");
+                return Some(Step::Done(Err(RunError::protocol(message))));
+            }
+            bridge.next_settle += 1;
+            drop(bridge);
+            return Some(self.settle_recorded(index));
+        }
+        if (bridge.calls_made as usize) < bridge.recorded {
+            let message = format!(
+                "the script made {} of the {} host calls its continuation records",
+                bridge.calls_made, bridge.recorded
+            );
+            return Some(Step::Done(Err(RunError::protocol(message))));
+        }
+        bridge.replaying = false;
+        let mut held = std::mem::take(&mut bridge.held);
+        held.sort_unstable();
+        let mut starts = Vec::with_capacity(held.len());
+        for index in held {
+            bridge.interrupted.remove(&index);
+            let entry = &bridge.ledger[index as usize - 1];
+            let CallOutcome::Interrupted(payload) = &entry.outcome else { continue };
+            let resume = Resume {
+                interruption_id: format!("interrupt-{index}"),
+                payload: serde_json::from_str(payload).unwrap_or(Json::Null),
+                resolution: bridge.resolutions.get(&index).cloned().unwrap_or(Json::Null),
+            };
+            starts.push((index, resume));
+        }
+        drop(bridge);
+        for (index, resume) in starts {
+            env.start_host(index, Some(resume));
+        }
+        Some(Step::Continue)
+    }
+
+    fn wait(&self, deadline: Instant) -> Step {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        match self.job.inbox.recv_timeout(remaining.max(Duration::from_micros(1))) {
+            Ok(WorkerMessage::Settled(index, result)) => {
+                self.env.bridge.borrow_mut().ready.push_back((index, result));
+            }
+            Ok(WorkerMessage::Abort) => {
+                self.env.guard.latch(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"));
+            }
+            Err(RecvTimeoutError::Timeout) => {
+                self.env.guard.latch(RunError::new(
+                    ErrorCode::Timeout,
+                    "the run reached its time limit while waiting on host calls",
+                ));
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                self.env.guard.latch(RunError::internal("the run's message channel closed"));
+            }
+        }
+        Step::Continue
+    }
+
+    /// Settles a call from the ledger (no host function runs).
+    fn settle_recorded(&self, index: u32) -> Step {
+        let (outcome, clock, settlers) = {
+            let mut bridge = self.env.bridge.borrow_mut();
+            let entry = &bridge.ledger[index as usize - 1];
+            let found = (entry.outcome.clone(), entry.clock);
+            (found.0, found.1, bridge.promises.remove(&index))
+        };
+        let Some((resolve, reject)) = settlers else { return Step::Continue };
+        self.env.shared.clock.set(clock);
+        self.deliver(outcome, resolve, reject)
+    }
+
+    /// Records a live result in the ledger and settles its promise.
+    fn settle_live(&self, index: u32, result: HostResult) -> Step {
+        let env = &*self.env;
+        let clock = wall_clock_ms().max(env.shared.clock.get());
+        let outcome = match result {
+            Ok(value) => CallOutcome::Fulfilled(serde_json::to_string(&value).unwrap_or_else(|_| "null".into())),
+            Err(HostError::Interrupt(payload)) => {
+                CallOutcome::Interrupted(serde_json::to_string(&payload).unwrap_or_else(|_| "null".into()))
+            }
+            Err(HostError::Failed(failure)) => CallOutcome::Rejected {
+                message: failure.message,
+                details: failure.details.map(|d| serde_json::to_string(&d).unwrap_or_else(|_| "null".into())),
+            },
+        };
+        let size = match &outcome {
+            CallOutcome::Fulfilled(text) | CallOutcome::Interrupted(text) => text.len(),
+            CallOutcome::Rejected { message, details } => message.len() + details.as_ref().map_or(0, String::len),
+        };
+        let function = env.bridge.borrow().ledger[index as usize - 1].function.clone();
+        if size > env.output_bytes {
+            let message = format!("the output of {function} is larger than the limit of {} bytes", env.output_bytes);
+            return Step::Done(Err(RunError::new(ErrorCode::BridgeLimit, message)));
+        }
+        if matches!(outcome, CallOutcome::Interrupted(_)) && !env.can_interrupt {
+            return Step::Done(Err(RunError::new(
+                ErrorCode::ConfigurationError,
+                format!(
+                    "{function} interrupted the run, but the runner has no continuation secret to sign a continuation with"
+                ),
+            )));
+        }
+        let mut bridge = env.bridge.borrow_mut();
+        bridge.in_flight -= 1;
+        let settle_order = (!matches!(outcome, CallOutcome::Interrupted(_))).then(|| {
+            let order = bridge.next_settle;
+            bridge.next_settle += 1;
+            order
+        });
+        let entry = &mut bridge.ledger[index as usize - 1];
+        entry.outcome = outcome.clone();
+        entry.settle_order = settle_order;
+        entry.clock = clock;
+        if settle_order.is_none() {
+            bridge.interrupted.insert(index);
+            return Step::Continue;
+        }
+        let settlers = bridge.promises.remove(&index);
+        drop(bridge);
+        env.shared.clock.set(clock);
+        match settlers {
+            Some((resolve, reject)) => self.deliver(outcome, resolve, reject),
+            None => Step::Continue,
+        }
+    }
+
+    /// Resolves or rejects a call's promise with a recorded outcome.
+    fn deliver(&self, outcome: CallOutcome, resolve: Function<'js>, reject: Function<'js>) -> Step {
+        let ctx = &self.ctx;
+        let delivered = match outcome {
+            CallOutcome::Fulfilled(text) => match js::parse_json(ctx, &text) {
+                Some(value) => resolve.call::<_, ()>((value,)),
+                None => self
+                    .env
+                    .our_error(
+                        ctx,
+                        ErrorCode::SerializationError,
+                        "a host result could not be read (nested too deeply)".into(),
+                        None,
+                    )
+                    .and_then(|error| reject.call::<_, ()>((error,))),
+            },
+            CallOutcome::Rejected { message, details } => self
+                .env
+                .our_error(ctx, ErrorCode::HostFunctionError, message, details.as_deref())
+                .and_then(|error| reject.call::<_, ()>((error,))),
+            CallOutcome::Interrupted(_) => Ok(()),
+        };
+        if delivered.is_err() {
+            let _ = ctx.catch();
+        }
+        Step::Continue
+    }
+
+    fn completed(&self, promise: &Promise<'js>) -> Result<RawOutcome, RunError> {
+        let value = unsafe {
+            Value::from_raw(self.ctx.clone(), qjs::JS_PromiseResult(self.ctx.as_raw().as_ptr(), promise.as_raw()))
+        };
+        let limit = self.job.limits.usize(Limit::Result);
+        let text = self.env.to_json(&self.ctx, &value, "result", Mode::Strict, limit).map_err(|e| {
+            if matches!(e, SerializeError::Engine) {
+                if let Some(error) = self.env.guard.check() {
+                    return error;
+                }
+            }
+            RunError::new(ErrorCode::SerializationError, e.message("the result"))
+        })?;
+        let value = serde_json::from_str(&text).map_err(|e| RunError::internal(format!("result text: {e}")))?;
+        let console = self.env.bridge.borrow_mut().console.take();
+        Ok(RawOutcome::Completed { value, console })
+    }
+
+    fn interrupted(&self) -> Result<RawOutcome, RunError> {
+        let mut bridge = self.env.bridge.borrow_mut();
+        let mut interruptions = Vec::with_capacity(bridge.interrupted.len());
+        for &index in &bridge.interrupted {
+            let entry = &bridge.ledger[index as usize - 1];
+            let CallOutcome::Interrupted(payload) = &entry.outcome else {
+                return Err(RunError::internal(format!("call {index} is not interrupted")));
+            };
+            interruptions.push(Interruption {
+                id: format!("interrupt-{index}"),
+                function: entry.function.clone(),
+                arguments: serde_json::from_str(&entry.arguments).unwrap_or_default(),
+                payload: serde_json::from_str(payload).unwrap_or(Json::Null),
+            });
+        }
+        let console = bridge.console.take();
+        Ok(RawOutcome::Interrupted { ledger: std::mem::take(&mut bridge.ledger), interruptions, console })
+    }
+
+    /// Turns an uncaught value into the run's error; reserved codes only for our own errors.
+    fn failure(&self, thrown: Value<'js>) -> RunError {
+        if let Some(error) = self.env.guard.check() {
+            return error;
+        }
+        if thrown.is_object() {
+            let ptr: *mut c_void = unsafe { qjs::JS_VALUE_GET_PTR(thrown.as_raw()) };
+            let bridge = self.env.bridge.borrow();
+            if let Some(ours) =
+                bridge.our_errors.iter().find(|e| unsafe { qjs::JS_VALUE_GET_PTR(e.object.as_raw()) } == ptr)
+            {
+                return RunError::new(ours.code, ours.message.clone());
+            }
+        }
+        let fallback = |value: &Value<'js>| {
+            self.env.to_json(&self.ctx, value, "thrown", Mode::Lenient, 1024).unwrap_or_else(|_| "a value".into())
+        };
+        let functions = self.env.realm_functions();
+        let message = js::describe_error(&self.ctx, &thrown, functions.error_stack.as_ref(), 1, &fallback);
+        RunError::new(ErrorCode::Error, message)
+    }
+
+    fn with_console(&self, mut error: RunError) -> RunError {
+        error.console = self.env.bridge.borrow_mut().console.take();
+        error
+    }
+}

@@ -1,0 +1,91 @@
+// Runs once in every fresh realm, before any script, with natives from the
+// runner. It removes ambient authority and nondeterminism, pins the globals
+// that replay depends on, and returns helpers the runner uses per run.
+(function harden(natives) {
+  'use strict';
+  const g = globalThis;
+  const { defineProperty, freeze, setPrototypeOf, getOwnPropertyNames } = Object;
+  const construct = Reflect.construct;
+  const reflectGet = Reflect.get;
+  const ObjectPrototype = Object.prototype;
+  const hasOwn = Object.hasOwn;
+  const pin = (target, name, value) =>
+    defineProperty(target, name, { value, writable: false, enumerable: false, configurable: false });
+
+  // Ambient authority and sources of nondeterminism.
+  for (const name of ['eval', 'WeakRef', 'FinalizationRegistry', 'SharedArrayBuffer', 'Atomics',
+                      'performance', 'setTimeout', 'setInterval', 'clearTimeout', 'clearInterval',
+                      'setImmediate', 'queueMicrotask', 'navigator', 'process', 'require', 'os', 'std']) {
+    delete g[name];
+  }
+
+  // Error hooks would let a script run code while the engine builds an error,
+  // including errors the runner creates; pin them to their defaults.
+  pin(Error, 'prepareStackTrace', undefined);
+  pin(Error, 'stackTraceLimit', 10);
+
+  // Deterministic time.
+  const OriginalDate = Date;
+  const now = natives.now;
+  const DeterministicDate = function Date(...args) {
+    if (new.target === undefined) {
+      return construct(OriginalDate, [now()]).toString();
+    }
+    return construct(OriginalDate, args.length === 0 ? [now()] : args, new.target);
+  };
+  pin(DeterministicDate, 'prototype', OriginalDate.prototype);
+  pin(DeterministicDate, 'now', now);
+  pin(DeterministicDate, 'parse', OriginalDate.parse);
+  pin(DeterministicDate, 'UTC', OriginalDate.UTC);
+  defineProperty(OriginalDate.prototype, 'constructor', {
+    value: DeterministicDate, writable: false, enumerable: false, configurable: false,
+  });
+  freeze(DeterministicDate);
+  freeze(OriginalDate.prototype);
+  pin(g, 'Date', DeterministicDate);
+
+  // Deterministic randomness.
+  pin(Math, 'random', natives.random);
+  freeze(Math);
+  pin(g, 'Math', Math);
+
+  // The rest of what replay reads.
+  freeze(JSON);
+  pin(g, 'JSON', JSON);
+  freeze(Promise);
+  freeze(Promise.prototype);
+  pin(g, 'Promise', Promise);
+
+  // Looking up a missing function on a namespace yields a function that fails
+  // with RUN_HOST_FUNCTION_ERROR naming what exists.
+  const makeNamespace = (name, members, unknown) => {
+    const fallback = new Proxy(ObjectPrototype, {
+      get(target, key, receiver) {
+        if (typeof key !== 'string' || key === 'then' || key in target) {
+          return reflectGet(target, key, receiver);
+        }
+        return function unknownHostFunction() { return unknown(name + '.' + key); };
+      },
+    });
+    setPrototypeOf(members, fallback);
+    freeze(members);
+    pin(g, name, members);
+  };
+
+  const installConsole = (methods) => {
+    const console = { __proto__: null };
+    for (const level of getOwnPropertyNames(methods)) {
+      if (hasOwn(methods, level)) console[level] = methods[level];
+    }
+    pin(g, 'console', freeze(console));
+  };
+
+  const stackAccessor = Object.getOwnPropertyDescriptor(Error.prototype, 'stack');
+  return freeze({
+    __proto__: null,
+    makeNamespace,
+    installConsole,
+    dateToISOString: OriginalDate.prototype.toISOString,
+    errorStack: stackAccessor && typeof stackAccessor.get === 'function' ? stackAccessor.get : undefined,
+  });
+})

@@ -1,0 +1,83 @@
+//! The latch that turns any limit into an uncatchable end of the run.
+
+use super::alloc::HeapMeter;
+use super::stack_guard::StackGuard;
+use crate::error::{ErrorCode, RunError};
+use std::cell::{Cell, RefCell};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+/// Shared by the engine's interrupt handler, the natives and the run loop.
+///
+/// Once `latched` holds an error, the interrupt handler stops every further
+/// piece of script, so no `catch` can keep the run going.
+pub(crate) struct RunGuard {
+    pub meter: Rc<HeapMeter>,
+    deadline: Cell<Option<Instant>>,
+    abort: RefCell<Option<Arc<AtomicBool>>>,
+    stack: RefCell<Option<StackGuard>>,
+    latched: RefCell<Option<RunError>>,
+}
+
+impl RunGuard {
+    pub(crate) fn new(meter: Rc<HeapMeter>) -> Rc<Self> {
+        Rc::new(RunGuard {
+            meter,
+            deadline: Cell::new(None),
+            abort: RefCell::new(None),
+            stack: RefCell::new(None),
+            latched: RefCell::new(None),
+        })
+    }
+
+    /// Arms the guard for one run.
+    pub(crate) fn arm(&self, deadline: Instant, abort: Arc<AtomicBool>, stack: StackGuard) {
+        *self.latched.borrow_mut() = None;
+        self.deadline.set(Some(deadline));
+        *self.abort.borrow_mut() = Some(abort);
+        *self.stack.borrow_mut() = Some(stack);
+    }
+
+    /// Disarms it between runs.
+    pub(crate) fn disarm(&self) {
+        self.deadline.set(None);
+        *self.abort.borrow_mut() = None;
+        *self.stack.borrow_mut() = None;
+        *self.latched.borrow_mut() = None;
+    }
+
+    /// Records a fatal error unless one is recorded already.
+    pub(crate) fn latch(&self, error: RunError) {
+        let mut slot = self.latched.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(error);
+        }
+    }
+
+    /// The recorded fatal error, after checking every limit once more.
+    pub(crate) fn check(&self) -> Option<RunError> {
+        self.should_stop();
+        self.latched.borrow().clone()
+    }
+
+    /// Called by the engine every 10,000 ticks and by the run loop: true ends the script.
+    pub(crate) fn should_stop(&self) -> bool {
+        if self.latched.borrow().is_some() {
+            return true;
+        }
+        if self.meter.exceeded() {
+            self.latch(RunError::new(ErrorCode::MemoryLimit, "the script exceeded its memory limit"));
+        } else if self.stack.borrow().as_ref().is_some_and(StackGuard::tripped) {
+            self.latch(RunError::new(ErrorCode::StackOverflow, "the script exceeded its stack limit"));
+        } else if self.abort.borrow().as_ref().is_some_and(|a| a.load(Ordering::Relaxed)) {
+            self.latch(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"));
+        } else if self.deadline.get().is_some_and(|d| Instant::now() >= d) {
+            self.latch(RunError::new(ErrorCode::Timeout, "the script ran past its time limit").retryable(false));
+        } else {
+            return false;
+        }
+        true
+    }
+}

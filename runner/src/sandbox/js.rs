@@ -1,0 +1,282 @@
+//! Thin, safe wrappers over the few raw engine calls the sandbox needs.
+
+use super::serialize::js_string;
+use rquickjs::{Ctx, Value, qjs};
+use std::ffi::CString;
+
+/// File name scripts are compiled under; error positions name it.
+pub(crate) const SCRIPT_FILE: &str = "script.js";
+/// Lines the wrapper adds before the user's first line.
+const WRAPPER_LINES: u32 = 1;
+
+/// Compiles `text` in `ctx` (which must have the eval intrinsic) to bytecode.
+/// On failure returns the engine's error text, positions already mapped.
+pub(crate) fn compile(ctx: &Ctx<'_>, text: &str, file: &str, line_offset: u32) -> Result<Vec<u8>, String> {
+    let raw = ctx.as_raw().as_ptr();
+    let Ok(input) = CString::new(text) else {
+        return Err("SyntaxError: the source contains a NUL character".into());
+    };
+    let file = CString::new(file).expect("file names have no NUL");
+    let flags = (qjs::JS_EVAL_TYPE_GLOBAL | qjs::JS_EVAL_FLAG_COMPILE_ONLY) as i32;
+    unsafe {
+        let compiled = qjs::JS_Eval(raw, input.as_ptr(), text.len() as _, file.as_ptr(), flags);
+        if qjs::JS_IsException(compiled) {
+            // The compiler realm never runs guest code, so reading `stack` normally is safe here.
+            let error = Value::from_raw(ctx.clone(), qjs::JS_GetException(raw));
+            let stack: Option<rquickjs::Function> = ctx
+                .eval::<Value, _>("Object.getOwnPropertyDescriptor(Error.prototype, 'stack')?.get")
+                .ok()
+                .and_then(|v| v.into_function());
+            return Err(describe_error(ctx, &error, stack.as_ref(), line_offset, &|_| "a non-error value".into()));
+        }
+        let mut size: qjs::size_t = 0;
+        let buf = qjs::JS_WriteObject(raw, &mut size, compiled, qjs::JS_WRITE_OBJ_BYTECODE as i32);
+        qjs::JS_FreeValue(raw, compiled);
+        if buf.is_null() {
+            let _ = ctx.catch();
+            return Err("InternalError: out of memory while compiling".into());
+        }
+        let bytes = std::slice::from_raw_parts(buf, size as usize).to_vec();
+        qjs::js_free(raw, buf.cast());
+        Ok(bytes)
+    }
+}
+
+/// Wraps a function body so top-level `await` and `return` work.
+pub(crate) fn wrap_source(source: &str) -> String {
+    let mut text = String::with_capacity(source.len() + 32);
+    text.push_str("(async function () {\n");
+    text.push_str(source);
+    text.push_str("\n})");
+    text
+}
+
+/// Compiles a user script; positions in errors refer to the user's lines.
+pub(crate) fn compile_script(ctx: &Ctx<'_>, source: &str) -> Result<Vec<u8>, String> {
+    compile(ctx, &wrap_source(source), SCRIPT_FILE, WRAPPER_LINES)
+}
+
+/// Loads bytecode this process compiled and evaluates it in `ctx`.
+pub(crate) fn load<'js>(ctx: &Ctx<'js>, bytecode: &[u8]) -> Result<Value<'js>, Value<'js>> {
+    let raw = ctx.as_raw().as_ptr();
+    unsafe {
+        let object = qjs::JS_ReadObject(raw, bytecode.as_ptr(), bytecode.len() as _, qjs::JS_READ_OBJ_BYTECODE as i32);
+        if qjs::JS_IsException(object) {
+            return Err(Value::from_raw(ctx.clone(), qjs::JS_GetException(raw)));
+        }
+        let value = qjs::JS_EvalFunction(raw, object);
+        if qjs::JS_IsException(value) {
+            return Err(Value::from_raw(ctx.clone(), qjs::JS_GetException(raw)));
+        }
+        Ok(Value::from_raw(ctx.clone(), value))
+    }
+}
+
+/// Defines an own, non-enumerable-free data property without invoking setters.
+pub(crate) fn define<'js>(ctx: &Ctx<'js>, object: &Value<'js>, key: &str, value: Value<'js>) -> bool {
+    let raw = ctx.as_raw().as_ptr();
+    let key = CString::new(key).expect("keys are literals");
+    let flags = (qjs::JS_PROP_CONFIGURABLE | qjs::JS_PROP_WRITABLE | qjs::JS_PROP_ENUMERABLE) as i32;
+    unsafe {
+        let value = qjs::JS_DupValue(raw, value.as_raw());
+        qjs::JS_DefinePropertyValueStr(raw, object.as_raw(), key.as_ptr(), value, flags) >= 0
+    }
+}
+
+/// A new `Error` object carrying `code` (and optional `details`), built
+/// without running any script code (error hooks are pinned by the hardening).
+pub(crate) fn new_error<'js>(
+    ctx: &Ctx<'js>,
+    name: &str,
+    code: &str,
+    message: &str,
+    details: Option<Value<'js>>,
+) -> Option<Value<'js>> {
+    let raw = ctx.as_raw().as_ptr();
+    let error = unsafe { qjs::JS_NewError(raw) };
+    if unsafe { qjs::JS_IsException(error) } {
+        return None;
+    }
+    let error = unsafe { Value::from_raw(ctx.clone(), error) };
+    let ok = define(ctx, &error, "message", rquickjs::String::from_str(ctx.clone(), message).ok()?.into_value())
+        && define(ctx, &error, "name", rquickjs::String::from_str(ctx.clone(), name).ok()?.into_value())
+        && define(ctx, &error, "code", rquickjs::String::from_str(ctx.clone(), code).ok()?.into_value())
+        && details.is_none_or(|d| define(ctx, &error, "details", d));
+    ok.then_some(error)
+}
+
+/// Parses JSON text into a value of `ctx` (no reviver, so no script runs;
+/// a `__proto__` key stays an own property).
+pub(crate) fn parse_json<'js>(ctx: &Ctx<'js>, text: &str) -> Option<Value<'js>> {
+    let raw = ctx.as_raw().as_ptr();
+    let input = CString::new(text).ok()?;
+    unsafe {
+        let value = qjs::JS_ParseJSON(raw, input.as_ptr(), text.len() as _, c"<host>".as_ptr());
+        if qjs::JS_IsException(value) {
+            let _ = ctx.catch();
+            return None;
+        }
+        Some(Value::from_raw(ctx.clone(), value))
+    }
+}
+
+/// Throws `error` so that no `catch` or `finally` of the script sees it.
+pub(crate) fn throw_uncatchable<'js>(ctx: &Ctx<'js>, message: &str) -> rquickjs::Error {
+    let raw = ctx.as_raw().as_ptr();
+    unsafe {
+        let error = qjs::JS_NewError(raw);
+        if !qjs::JS_IsException(error) {
+            if let Ok(text) = CString::new(message) {
+                let value = qjs::JS_NewStringLen(raw, text.as_ptr(), message.len() as _);
+                qjs::JS_DefinePropertyValueStr(
+                    raw,
+                    error,
+                    c"message".as_ptr(),
+                    value,
+                    qjs::JS_PROP_CONFIGURABLE as i32,
+                );
+            }
+            qjs::JS_SetUncatchableError(raw, error);
+            qjs::JS_Throw(raw, error);
+        }
+    }
+    rquickjs::Error::Exception
+}
+
+/// Reads an own data property (never a getter, never through a proxy).
+pub(crate) fn own_data<'js>(ctx: &Ctx<'js>, object: &Value<'js>, key: &str) -> Option<Value<'js>> {
+    let raw = ctx.as_raw().as_ptr();
+    if !object.is_object() || unsafe { qjs::JS_IsProxy(object.as_raw()) } {
+        return None;
+    }
+    let key = CString::new(key).ok()?;
+    unsafe {
+        let atom = qjs::JS_NewAtom(raw, key.as_ptr());
+        let mut desc = qjs::JSPropertyDescriptor {
+            flags: 0,
+            value: qjs::JS_UNDEFINED,
+            getter: qjs::JS_UNDEFINED,
+            setter: qjs::JS_UNDEFINED,
+        };
+        let found = qjs::JS_GetOwnProperty(raw, &mut desc, object.as_raw(), atom);
+        qjs::JS_FreeAtom(raw, atom);
+        if found < 0 {
+            let _ = ctx.catch();
+            return None;
+        }
+        if found == 0 {
+            return None;
+        }
+        qjs::JS_FreeValue(raw, desc.getter);
+        qjs::JS_FreeValue(raw, desc.setter);
+        let value = Value::from_raw(ctx.clone(), desc.value);
+        (desc.flags & qjs::JS_PROP_GETSET as i32 == 0).then_some(value)
+    }
+}
+
+/// Reads a data property along the prototype chain, refusing getters and proxies.
+fn inherited_data<'js>(ctx: &Ctx<'js>, object: &Value<'js>, key: &str) -> Option<Value<'js>> {
+    let raw = ctx.as_raw().as_ptr();
+    let mut current = object.clone();
+    for _ in 0..16 {
+        if let Some(v) = own_data(ctx, &current, key) {
+            return Some(v);
+        }
+        if !current.is_object() || unsafe { qjs::JS_IsProxy(current.as_raw()) } {
+            return None;
+        }
+        let proto = unsafe { qjs::JS_GetPrototype(raw, current.as_raw()) };
+        if unsafe { qjs::JS_IsException(proto) } {
+            let _ = ctx.catch();
+            return None;
+        }
+        current = unsafe { Value::from_raw(ctx.clone(), proto) };
+        if !current.is_object() {
+            return None;
+        }
+    }
+    None
+}
+
+/// Describes a thrown value for an error message without running script code:
+/// `Name: message` plus the stack (user line numbers) when it is an `Error`.
+pub(crate) fn describe_error<'js>(
+    ctx: &Ctx<'js>,
+    thrown: &Value<'js>,
+    stack_getter: Option<&rquickjs::Function<'js>>,
+    line_offset: u32,
+    fallback: &dyn Fn(&Value<'js>) -> String,
+) -> String {
+    let raw = ctx.as_raw().as_ptr();
+    let text = |v: &Value<'js>| v.is_string().then(|| js_string(raw, v.as_raw())).flatten();
+    if thrown.is_object() && unsafe { qjs::JS_IsError(thrown.as_raw()) } {
+        let name = inherited_data(ctx, thrown, "name").and_then(|v| text(&v)).unwrap_or_else(|| "Error".into());
+        let message = own_data(ctx, thrown, "message").and_then(|v| text(&v)).unwrap_or_default();
+        let mut out = if message.is_empty() { name } else { format!("{name}: {message}") };
+        let stack = match stack_getter {
+            Some(getter) => getter.call::<_, Value>((rquickjs::function::This(thrown.clone()),)).ok(),
+            None => own_data(ctx, thrown, "stack"),
+        };
+        if ctx.has_exception() {
+            let _ = ctx.catch();
+        }
+        if let Some(stack) = stack.and_then(|v| text(&v)) {
+            let stack = map_positions(&stack, line_offset);
+            let stack = stack.trim_end();
+            if !stack.is_empty() {
+                out.push('\n');
+                out.push_str(stack);
+            }
+        }
+        truncate(out, 4096)
+    } else if let Some(s) = text(thrown) {
+        truncate(format!("Uncaught {s}"), 4096)
+    } else {
+        truncate(format!("Uncaught {}", fallback(thrown)), 4096)
+    }
+}
+
+/// Rewrites `script.js:LINE:COL` so lines count from the user's first line.
+fn map_positions(stack: &str, line_offset: u32) -> String {
+    let needle = format!("{SCRIPT_FILE}:");
+    let mut out = String::with_capacity(stack.len());
+    let mut rest = stack;
+    while let Some(at) = rest.find(&needle) {
+        let (before, after) = rest.split_at(at + needle.len());
+        out.push_str(before);
+        let digits = after.bytes().take_while(u8::is_ascii_digit).count();
+        match after[..digits].parse::<u32>() {
+            Ok(line) => out.push_str(&line.saturating_sub(line_offset).max(1).to_string()),
+            Err(_) => out.push_str(&after[..digits]),
+        }
+        rest = &after[digits..];
+    }
+    out.push_str(rest);
+    out
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+        s.push('…');
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn positions_count_from_the_users_first_line() {
+        assert_eq!(
+            map_positions("    at f (script.js:3:7)\n    at script.js:2:1", 1),
+            "    at f (script.js:2:7)\n    at script.js:1:1"
+        );
+        assert_eq!(map_positions("at other.js:9:1", 1), "at other.js:9:1");
+    }
+}

@@ -1,0 +1,402 @@
+//! What a continuation records, and its compact binary form.
+//!
+//! The state is encoded as a versioned binary record (LEB128 lengths, raw
+//! UTF-8, little-endian floats) rather than JSON: JSON values recorded from
+//! host calls are kept as their exact text, so decoding a large ledger is
+//! little more than a bounds-checked copy. Decoding is strict: every length is
+//! checked, every text must be UTF-8 (and JSON where JSON is expected), and
+//! trailing bytes are refused.
+
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+/// Version of the state record.
+pub(crate) const STATE_VERSION: u32 = 1;
+const MAGIC: &[u8; 4] = b"RSv1";
+
+/// How one host call ended.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum CallOutcome {
+    /// Resolved with this JSON text.
+    Fulfilled(String),
+    /// Rejected with this public message and optional JSON details.
+    Rejected { message: String, details: Option<String> },
+    /// Interrupted with this JSON payload.
+    Interrupted(String),
+}
+
+/// One recorded host call.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct LedgerEntry {
+    /// Full function name.
+    pub function: String,
+    /// Arguments as the canonical JSON array text the runner produced.
+    pub arguments: String,
+    pub outcome: CallOutcome,
+    /// Position among settles (fulfilled and rejected calls only), from 0.
+    pub settle_order: Option<u32>,
+    /// Logical clock (ms since epoch) when the call settled or interrupted.
+    pub clock: f64,
+}
+
+/// Everything needed to resume a run.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct ContinuationState {
+    pub source_hash: [u8; 32],
+    pub scope_hash: [u8; 32],
+    pub logical_run_id: String,
+    pub seed: u64,
+    pub start_clock: f64,
+    pub ledger: Vec<LedgerEntry>,
+}
+
+impl ContinuationState {
+    pub(crate) fn encode(&self) -> Vec<u8> {
+        let payload: usize = self.ledger.iter().map(|e| e.function.len() + e.arguments.len() + 64).sum();
+        let mut w = Writer(Vec::with_capacity(payload + 128));
+        w.0.extend_from_slice(MAGIC);
+        w.uint(STATE_VERSION as u64);
+        w.0.extend_from_slice(&self.source_hash);
+        w.0.extend_from_slice(&self.scope_hash);
+        w.text(&self.logical_run_id);
+        w.0.extend_from_slice(&self.seed.to_le_bytes());
+        w.0.extend_from_slice(&self.start_clock.to_le_bytes());
+        w.uint(self.ledger.len() as u64);
+        for entry in &self.ledger {
+            w.text(&entry.function);
+            w.text(&entry.arguments);
+            match &entry.outcome {
+                CallOutcome::Fulfilled(value) => {
+                    w.0.push(0);
+                    w.text(value);
+                }
+                CallOutcome::Rejected { message, details } => {
+                    w.0.push(1);
+                    w.text(message);
+                    match details {
+                        None => w.0.push(0),
+                        Some(d) => {
+                            w.0.push(1);
+                            w.text(d);
+                        }
+                    }
+                }
+                CallOutcome::Interrupted(payload) => {
+                    w.0.push(2);
+                    w.text(payload);
+                }
+            }
+            match entry.settle_order {
+                None => w.0.push(0),
+                Some(order) => {
+                    w.0.push(1);
+                    w.uint(order as u64);
+                }
+            }
+            w.0.extend_from_slice(&entry.clock.to_le_bytes());
+        }
+        w.0
+    }
+
+    /// Decodes and validates a state; the error says what is wrong.
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let mut r = Reader { bytes, pos: 0 };
+        if r.take(4)? != MAGIC {
+            return Err("not a continuation state".into());
+        }
+        let version = r.uint()?;
+        if version != STATE_VERSION as u64 {
+            return Err(format!("unsupported state version {version}"));
+        }
+        let source_hash = r.array32()?;
+        let scope_hash = r.array32()?;
+        let logical_run_id = r.text()?.to_string();
+        if logical_run_id.is_empty() || logical_run_id.len() > 256 {
+            return Err("invalid logical run id".into());
+        }
+        let seed = u64::from_le_bytes(r.array8()?);
+        let start_clock = r.clock()?;
+        let count = r.uint()?;
+        // Each entry takes at least 13 bytes, so a count larger than that cannot be honest.
+        if count > (bytes.len() / 13) as u64 {
+            return Err("ledger length exceeds the state".into());
+        }
+        let mut ledger = Vec::with_capacity(count as usize);
+        let mut settles: Vec<u32> = Vec::new();
+        for index in 1..=count {
+            let function = r.text()?.to_string();
+            check_function_name(&function).map_err(|e| format!("call {index}: {e}"))?;
+            let arguments = r.json()?.to_string();
+            if !arguments.starts_with('[') {
+                return Err(format!("call {index}: arguments are not an array"));
+            }
+            let outcome = match r.byte()? {
+                0 => CallOutcome::Fulfilled(r.json()?.to_string()),
+                1 => {
+                    let message = r.text()?.to_string();
+                    let details = match r.byte()? {
+                        0 => None,
+                        1 => Some(r.json()?.to_string()),
+                        _ => return Err(format!("call {index}: bad details flag")),
+                    };
+                    CallOutcome::Rejected { message, details }
+                }
+                2 => CallOutcome::Interrupted(r.json()?.to_string()),
+                other => return Err(format!("call {index}: unknown outcome {other}")),
+            };
+            let settle_order = match r.byte()? {
+                0 => None,
+                1 => Some(u32::try_from(r.uint()?).map_err(|_| format!("call {index}: bad settle order"))?),
+                _ => return Err(format!("call {index}: bad settle flag")),
+            };
+            let interrupted = matches!(outcome, CallOutcome::Interrupted(_));
+            if interrupted == settle_order.is_some() {
+                return Err(format!("call {index}: settle order does not match its outcome"));
+            }
+            settles.extend(settle_order);
+            let clock = r.clock()?;
+            ledger.push(LedgerEntry { function, arguments, outcome, settle_order, clock });
+        }
+        if r.pos != bytes.len() {
+            return Err("trailing bytes after the state".into());
+        }
+        settles.sort_unstable();
+        if settles.iter().enumerate().any(|(i, &s)| s != i as u32) {
+            return Err("settle orders are not a permutation".into());
+        }
+        Ok(ContinuationState { source_hash, scope_hash, logical_run_id, seed, start_clock, ledger })
+    }
+}
+
+fn check_function_name(name: &str) -> Result<(), String> {
+    match name.split_once('.') {
+        Some((ns, f))
+            if resumable_host::validate_identifier(ns).is_ok() && resumable_host::validate_identifier(f).is_ok() =>
+        {
+            Ok(())
+        }
+        _ => Err("invalid function name".into()),
+    }
+}
+
+struct Writer(Vec<u8>);
+
+impl Writer {
+    fn uint(&mut self, mut v: u64) {
+        loop {
+            let byte = (v & 0x7f) as u8;
+            v >>= 7;
+            if v == 0 {
+                self.0.push(byte);
+                return;
+            }
+            self.0.push(byte | 0x80);
+        }
+    }
+
+    fn text(&mut self, s: &str) {
+        self.uint(s.len() as u64);
+        self.0.extend_from_slice(s.as_bytes());
+    }
+}
+
+struct Reader<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or("state is truncated")?;
+        let out = &self.bytes[self.pos..end];
+        self.pos = end;
+        Ok(out)
+    }
+
+    fn byte(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn uint(&mut self) -> Result<u64, String> {
+        let mut value = 0u64;
+        for shift in (0..64).step_by(7) {
+            let byte = self.byte()?;
+            let bits = (byte & 0x7f) as u64;
+            if shift == 63 && bits > 1 {
+                return Err("integer overflow in state".into());
+            }
+            value |= bits << shift;
+            if byte & 0x80 == 0 {
+                if byte == 0 && shift > 0 {
+                    return Err("non-canonical integer in state".into());
+                }
+                return Ok(value);
+            }
+        }
+        Err("integer overflow in state".into())
+    }
+
+    fn text(&mut self) -> Result<&'a str, String> {
+        let len = usize::try_from(self.uint()?).map_err(|_| "length overflow")?;
+        std::str::from_utf8(self.take(len)?).map_err(|_| "invalid UTF-8 in state".into())
+    }
+
+    fn json(&mut self) -> Result<&'a str, String> {
+        let text = self.text()?;
+        serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| format!("invalid JSON in state: {e}"))?;
+        Ok(text)
+    }
+
+    fn array32(&mut self) -> Result<[u8; 32], String> {
+        Ok(self.take(32)?.try_into().expect("length checked"))
+    }
+
+    fn array8(&mut self) -> Result<[u8; 8], String> {
+        Ok(self.take(8)?.try_into().expect("length checked"))
+    }
+
+    fn clock(&mut self) -> Result<f64, String> {
+        let v = f64::from_le_bytes(self.array8()?);
+        if !v.is_finite() || !(0.0..=8.64e15).contains(&v) {
+            return Err("invalid clock value in state".into());
+        }
+        Ok(v)
+    }
+}
+
+/// SHA-256 of the source text.
+pub(crate) fn source_hash(source: &str) -> [u8; 32] {
+    Sha256::digest(source.as_bytes()).into()
+}
+
+/// Binds a continuation to (audience, sorted host-function names, context, source).
+pub(crate) fn scope_hash<'a>(
+    audience: &str,
+    function_names: impl Iterator<Item = &'a str>,
+    context: &Value,
+    source_hash: &[u8; 32],
+) -> [u8; 32] {
+    let mut h = Sha256::new();
+    let mut field = |bytes: &[u8]| {
+        h.update((bytes.len() as u64).to_le_bytes());
+        h.update(bytes);
+    };
+    field(b"resumable-scope-v1");
+    field(audience.as_bytes());
+    let mut names: Vec<&str> = function_names.collect();
+    names.sort_unstable();
+    field(names.join("\n").as_bytes());
+    let mut canonical = String::new();
+    canonical_json(context, &mut canonical);
+    field(canonical.as_bytes());
+    field(source_hash);
+    h.finalize().into()
+}
+
+/// JSON with object keys sorted, independent of how `serde_json` orders maps.
+pub(crate) fn canonical_json(value: &Value, out: &mut String) {
+    match value {
+        Value::Object(map) => {
+            let mut keys: Vec<&String> = map.keys().collect();
+            keys.sort_unstable();
+            out.push('{');
+            for (i, key) in keys.into_iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                crate::sandbox::write_json_string(out, key);
+                out.push(':');
+                canonical_json(&map[key], out);
+            }
+            out.push('}');
+        }
+        Value::Array(items) => {
+            out.push('[');
+            for (i, item) in items.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
+                }
+                canonical_json(item, out);
+            }
+            out.push(']');
+        }
+        other => out.push_str(&other.to_string()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn sample() -> ContinuationState {
+        ContinuationState {
+            source_hash: source_hash("return 1"),
+            scope_hash: [7; 32],
+            logical_run_id: "run-1".into(),
+            seed: 99,
+            start_clock: 1.7e12,
+            ledger: vec![
+                LedgerEntry {
+                    function: "tools.a".into(),
+                    arguments: "[1,\"x\"]".into(),
+                    outcome: CallOutcome::Fulfilled("{\"ok\":true}".into()),
+                    settle_order: Some(0),
+                    clock: 1.7e12 + 5.0,
+                },
+                LedgerEntry {
+                    function: "tools.b".into(),
+                    arguments: "[]".into(),
+                    outcome: CallOutcome::Rejected { message: "no".into(), details: Some("[1]".into()) },
+                    settle_order: Some(1),
+                    clock: 1.7e12 + 6.0,
+                },
+                LedgerEntry {
+                    function: "tools.c".into(),
+                    arguments: "[]".into(),
+                    outcome: CallOutcome::Interrupted("{\"kind\":\"approval\"}".into()),
+                    settle_order: None,
+                    clock: 1.7e12 + 7.0,
+                },
+            ],
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let state = sample();
+        assert_eq!(ContinuationState::decode(&state.encode()).unwrap(), state);
+    }
+
+    #[test]
+    fn every_truncation_and_extension_is_refused() {
+        let bytes = sample().encode();
+        for cut in 0..bytes.len() {
+            assert!(ContinuationState::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+        }
+        let mut longer = bytes.clone();
+        longer.push(0);
+        assert!(ContinuationState::decode(&longer).is_err());
+    }
+
+    #[test]
+    fn inconsistent_settle_orders_are_refused() {
+        let mut state = sample();
+        state.ledger[1].settle_order = Some(0);
+        assert!(ContinuationState::decode(&state.encode()).unwrap_err().contains("permutation"));
+        let mut state = sample();
+        state.ledger[2].settle_order = Some(2);
+        assert!(ContinuationState::decode(&state.encode()).is_err());
+    }
+
+    #[test]
+    fn scope_hash_depends_on_every_part() {
+        let src = source_hash("x");
+        let base = scope_hash("a", ["t.f", "t.g"].into_iter(), &json!({"k": 1}), &src);
+        assert_eq!(base, scope_hash("a", ["t.g", "t.f"].into_iter(), &json!({"k": 1}), &src));
+        assert_ne!(base, scope_hash("b", ["t.f", "t.g"].into_iter(), &json!({"k": 1}), &src));
+        assert_ne!(base, scope_hash("a", ["t.f"].into_iter(), &json!({"k": 1}), &src));
+        assert_ne!(base, scope_hash("a", ["t.f", "t.g"].into_iter(), &json!({"k": 2}), &src));
+        assert_ne!(base, scope_hash("a", ["t.f", "t.g"].into_iter(), &json!({"k": 1}), &source_hash("y")));
+    }
+}

@@ -1,0 +1,127 @@
+//! A runner and a set of instrumented host functions shared by the tests.
+
+use resumable_runner::codec::{SignedCodec, SignedCodecConfig};
+use resumable_runner::host::{CancelSignal, HostError, HostFunctions};
+use resumable_runner::{ErrorCode, Limit, LimitOverrides, Outcome, RunError, RunRequest, Runner, RunnerConfig};
+use serde_json::{Value, json};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+pub const SECRET: &[u8] = b"an-example-secret-of-at-least-32-bytes!!";
+
+pub fn runner() -> Runner {
+    let codec = SignedCodec::new(SignedCodecConfig::new(SECRET)).unwrap();
+    Runner::new(RunnerConfig::new().workers(2).codec(codec)).unwrap()
+}
+
+/// Host functions that count their calls.
+#[derive(Clone, Default)]
+pub struct Tools {
+    pub calls: Arc<Mutex<HashMap<String, usize>>>,
+    pub cancels: Arc<Mutex<Vec<CancelSignal>>>,
+}
+
+impl Tools {
+    pub fn count(&self, name: &str) -> usize {
+        self.calls.lock().unwrap().get(name).copied().unwrap_or(0)
+    }
+
+    pub fn total(&self) -> usize {
+        self.calls.lock().unwrap().values().sum()
+    }
+
+    fn hit(&self, name: &str) {
+        *self.calls.lock().unwrap().entry(name.to_string()).or_default() += 1;
+    }
+
+    pub fn host(&self) -> HostFunctions {
+        let t = self.clone();
+        let builder = HostFunctions::builder();
+        let tc = t.clone();
+        let builder = builder.function("tools.sum", move |_ctx, args| {
+            tc.hit("sum");
+            async move { Ok(json!(args.iter().filter_map(Value::as_f64).sum::<f64>())) }
+        });
+        let tc = t.clone();
+        let builder = builder.function("tools.echo", move |_ctx, args| {
+            tc.hit("echo");
+            async move { Ok(args.into_iter().next().unwrap_or(Value::Null)) }
+        });
+        let tc = t.clone();
+        let builder = builder.function("tools.effect", move |_ctx, _args| {
+            tc.hit("effect");
+            async move { Ok(json!("done")) }
+        });
+        let tc = t.clone();
+        let builder = builder.function("tools.approve", move |ctx, args| {
+            tc.hit("approve");
+            async move {
+                match ctx.resume() {
+                    None => Err(ctx.interrupt(json!({ "kind": "approval", "args": args }))),
+                    Some(resume) => Ok(resume.resolution.clone()),
+                }
+            }
+        });
+        let tc = t.clone();
+        let builder = builder.function("tools.fail", move |_ctx, args| {
+            tc.hit("fail");
+            async move { Err(HostError::new(args.first().and_then(Value::as_str).unwrap_or("failed").to_string())) }
+        });
+        let tc = t.clone();
+        let builder = builder.function("tools.wait", move |_ctx, args| {
+            tc.hit("wait");
+            async move {
+                let ms = args.first().and_then(Value::as_u64).unwrap_or(0);
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                Ok(args.get(1).cloned().unwrap_or(Value::Null))
+            }
+        });
+        let tc = t.clone();
+        let builder = builder.function("tools.index", move |ctx, _args| {
+            tc.hit("index");
+            async move {
+                tokio::time::sleep(Duration::from_millis(5)).await;
+                Ok(json!({ "index": ctx.index(), "function": ctx.function(), "run": ctx.logical_run_id() }))
+            }
+        });
+        let tc = t.clone();
+        let builder = builder.function("tools.never", move |ctx, _args| {
+            tc.hit("never");
+            tc.cancels.lock().unwrap().push(ctx.cancel_signal().clone());
+            async move { std::future::pending::<Result<Value, HostError>>().await }
+        });
+        builder
+            .typed("orders.refund", ["order_id", "amount"], |_ctx, (id, amount): (String, u64)| async move {
+                Ok(json!({ "refunded": id, "amount": amount }))
+            })
+            .build()
+            .unwrap()
+    }
+}
+
+pub async fn run(runner: &Runner, request: RunRequest) -> Result<Outcome, RunError> {
+    runner.run(request).await
+}
+
+pub async fn value(runner: &Runner, request: RunRequest) -> Value {
+    match runner.run(request).await {
+        Ok(Outcome::Completed(c)) => c.value,
+        other => panic!("expected completion, got {other:?}"),
+    }
+}
+
+pub async fn error(runner: &Runner, request: RunRequest) -> RunError {
+    match runner.run(request).await {
+        Err(e) => e,
+        other => panic!("expected an error, got {other:?}"),
+    }
+}
+
+pub fn timeout_ms(ms: i128) -> LimitOverrides {
+    LimitOverrides::new().with(Limit::Timeout, ms).unwrap()
+}
+
+pub fn assert_code(error: &RunError, code: ErrorCode) {
+    assert_eq!(error.code, code, "{error}");
+}

@@ -1,0 +1,235 @@
+use crate::common::*;
+use resumable_runner::{ErrorCode, Outcome, Resolution, RunRequest, Runner, RunnerConfig, Suspension};
+use serde_json::{Value, json};
+
+async fn suspended(runner: &Runner, request: RunRequest) -> Suspension {
+    match runner.run(request).await {
+        Ok(Outcome::Interrupted(s)) => s,
+        other => panic!("expected an interruption, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn effect_then_approval_runs_the_effect_once() {
+    let runner = runner();
+    let tools = Tools::default();
+    let source = "await tools.effect(); return await tools.approve()";
+    let first = suspended(&runner, RunRequest::new(source).host(tools.host())).await;
+    assert_eq!(first.interruptions.len(), 1);
+    let interruption = &first.interruptions[0];
+    assert_eq!(interruption.id, "interrupt-2");
+    assert_eq!(interruption.function, "tools.approve");
+    assert_eq!(interruption.payload, json!({ "kind": "approval", "args": [] }));
+    let resumed = RunRequest::new(source)
+        .host(tools.host())
+        .resume(first.continuation, [Resolution::new("interrupt-2", json!(true))]);
+    assert_eq!(value(&runner, resumed).await, json!(true));
+    assert_eq!(tools.count("effect"), 1);
+    assert_eq!(tools.count("approve"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_interruptions_form_one_batch_and_resolve_partially() {
+    let runner = runner();
+    let tools = Tools::default();
+    let source = "const [a, b] = await Promise.all([tools.approve('a'), tools.approve('b')]); return {a, b}";
+    let first = suspended(&runner, RunRequest::new(source).host(tools.host())).await;
+    let ids: Vec<&str> = first.interruptions.iter().map(|i| i.id.as_str()).collect();
+    assert_eq!(ids, ["interrupt-1", "interrupt-2"]);
+    assert_eq!(first.interruptions[1].arguments, [json!("b")]);
+
+    let partial = RunRequest::new(source)
+        .host(tools.host())
+        .resume(first.continuation.clone(), [Resolution::new("interrupt-2", json!("B"))]);
+    let second = suspended(&runner, partial).await;
+    let ids: Vec<&str> = second.interruptions.iter().map(|i| i.id.as_str()).collect();
+    assert_eq!(ids, ["interrupt-1"]);
+    assert_eq!(second.logical_run_id, first.logical_run_id);
+
+    let finish = RunRequest::new(source)
+        .host(tools.host())
+        .resume(second.continuation, [Resolution::new("interrupt-1", json!("A"))]);
+    assert_eq!(value(&runner, finish).await, json!({ "a": "A", "b": "B" }));
+    assert_eq!(tools.count("approve"), 4, "each interrupted call runs twice");
+
+    // Both at once from the first continuation works too.
+    let both = RunRequest::new(source).host(tools.host()).resume(
+        first.continuation,
+        [Resolution::new("interrupt-1", json!(1)), Resolution::new("interrupt-2", json!(2))],
+    );
+    assert_eq!(value(&runner, both).await, json!({ "a": 1, "b": 2 }));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_rounds_and_rejected_calls_are_not_repeated() {
+    let runner = runner();
+    let tools = Tools::default();
+    let source = "let f; try { await tools.fail('no') } catch (e) { f = e.message } \
+                  const a = await tools.approve(1); const b = await tools.approve(2); return [a, b, f]";
+    let first = suspended(&runner, RunRequest::new(source).host(tools.host())).await;
+    assert_eq!(first.interruptions[0].id, "interrupt-2");
+    let second = suspended(
+        &runner,
+        RunRequest::new(source)
+            .host(tools.host())
+            .resume(first.continuation, [Resolution::new("interrupt-2", json!("a"))]),
+    )
+    .await;
+    assert_eq!(second.interruptions[0].id, "interrupt-3");
+    let done = RunRequest::new(source)
+        .host(tools.host())
+        .resume(second.continuation, [Resolution::new("interrupt-3", json!("b"))]);
+    assert_eq!(value(&runner, done).await, json!(["a", "b", "no"]));
+    assert_eq!(tools.count("fail"), 1);
+    assert_eq!(tools.count("approve"), 4);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn time_and_randomness_replay_exactly() {
+    let runner = runner();
+    let tools = Tools::default();
+    let source = r#"
+        const xs = [];
+        for (let i = 0; i < 16; i++) xs.push([Date.now(), Math.random()]);
+        await tools.wait(3);
+        for (let i = 0; i < 16; i++) xs.push([new Date().getTime(), Math.random()]);
+        await Promise.all([tools.wait(2), tools.wait(1)]);
+        for (let i = 0; i < 32; i++) xs.push([Date.now(), Math.random()]);
+        console.log(JSON.stringify(xs));
+        await tools.approve();
+        return xs"#;
+    let first = suspended(&runner, RunRequest::new(source).host(tools.host())).await;
+    let logged: Value = serde_json::from_str(&first.console[0].text).unwrap();
+    assert_eq!(logged.as_array().unwrap().len(), 64);
+    let resumed = RunRequest::new(source)
+        .host(tools.host())
+        .resume(first.continuation, [Resolution::new("interrupt-4", json!(true))]);
+    assert_eq!(value(&runner, resumed).await, logged);
+    assert_eq!(tools.count("wait"), 3, "recorded calls are not repeated");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn promise_race_replays_the_same_winner() {
+    let runner = runner();
+    let tools = Tools::default();
+    let source = "const w = await Promise.race([tools.wait(60, 'slow'), tools.wait(5, 'fast')]); \
+                  const ok = await tools.approve(); return [w, ok]";
+    let first = suspended(&runner, RunRequest::new(source).host(tools.host())).await;
+    assert_eq!(first.interruptions[0].id, "interrupt-3");
+    let resumed = RunRequest::new(source)
+        .host(tools.host())
+        .resume(first.continuation, [Resolution::new("interrupt-3", json!(true))]);
+    assert_eq!(value(&runner, resumed).await, json!(["fast", true]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_scope_is_refused_before_any_host_call() {
+    let runner = runner();
+    let tools = Tools::default();
+    let source = "await tools.effect(); return await tools.approve()";
+    let request = || RunRequest::new(source).host(tools.host()).context(json!({"tenant": "acme"}));
+    let first = suspended(&runner, request()).await;
+    let resolutions = || [Resolution::new("interrupt-2", json!(true))];
+    let before = tools.total();
+    let other_tools = resumable_runner::host::HostFunctions::builder()
+        .function("tools.effect", |_c, _a| async { Ok(json!(1)) })
+        .function("tools.approve", |_c, _a| async { Ok(json!(1)) })
+        .build()
+        .unwrap();
+    let attempts = [
+        RunRequest::new(format!("{source};")).host(tools.host()).context(json!({"tenant": "acme"})),
+        RunRequest::new(source).host(tools.host()).context(json!({"tenant": "globex"})),
+        RunRequest::new(source).host(other_tools).context(json!({"tenant": "acme"})),
+        request().audience("someone-else"),
+    ];
+    for attempt in attempts {
+        let err = error(&runner, attempt.resume(first.continuation.clone(), resolutions())).await;
+        assert_code(&err, ErrorCode::ProtocolError);
+    }
+    for bad in [
+        vec![Resolution::new("interrupt-1", json!(true))],
+        vec![Resolution::new("interrupt-9", json!(true))],
+        vec![Resolution::new("nope", json!(true))],
+        vec![Resolution::new("interrupt-2", json!(true)), Resolution::new("interrupt-2", json!(false))],
+    ] {
+        let err = error(&runner, request().resume(first.continuation.clone(), bad)).await;
+        assert_code(&err, ErrorCode::ProtocolError);
+    }
+    assert_eq!(tools.total(), before, "no host function ran");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_that_disagrees_with_the_script_is_refused_before_any_host_call() {
+    use resumable_runner::codec::{SignedCodec, SignedCodecConfig};
+    let runner = runner();
+    let tools = Tools::default();
+    let source = "const n = await tools.echo(1); await tools.effect(); return await tools.approve(n)";
+    let first = suspended(&runner, RunRequest::new(source).host(tools.host())).await;
+    let codec = SignedCodec::new(SignedCodecConfig::new(SECRET)).unwrap();
+    let now = std::time::SystemTime::now();
+    let (header, state) = codec.decode_unscoped(&first.continuation, now).unwrap();
+    let at = state.windows(3).position(|w| w == b"[1]").expect("recorded arguments");
+    let mut forged = state.clone();
+    forged[at + 1] = b'2';
+    let token = codec.encode(&forged, &header.audience, now);
+    let before = tools.total();
+    let err = error(
+        &runner,
+        RunRequest::new(source).host(tools.host()).resume(token, [Resolution::new("interrupt-3", json!(1))]),
+    )
+    .await;
+    assert_code(&err, ErrorCode::ProtocolError);
+    assert!(err.message.contains("diverged") && err.message.contains("host call 1"), "{}", err.message);
+    assert_eq!(tools.total(), before);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_single_character_change_of_a_token_is_refused() {
+    let runner = runner();
+    let tools = Tools::default();
+    let source = "await tools.effect(); return await tools.approve()";
+    let first = suspended(&runner, RunRequest::new(source).host(tools.host())).await;
+    let token = first.continuation;
+    let alphabet: Vec<char> = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.=".chars().collect();
+    let before = tools.total();
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let mut tried = 0;
+    // Every position once, then random positions up to 1,000 mutations.
+    let mut cases: Vec<(usize, char)> =
+        (0..token.len()).map(|p| (p, alphabet[(next() % alphabet.len() as u64) as usize])).collect();
+    while cases.len() < token.len() + 1000 {
+        let p = (next() % token.len() as u64) as usize;
+        cases.push((p, alphabet[(next() % alphabet.len() as u64) as usize]));
+    }
+    for (position, replacement) in cases {
+        let mut chars: Vec<char> = token.chars().collect();
+        if chars[position] == replacement {
+            continue;
+        }
+        chars[position] = replacement;
+        let mutated: String = chars.into_iter().collect();
+        let request =
+            RunRequest::new(source).host(tools.host()).resume(mutated, [Resolution::new("interrupt-2", json!(true))]);
+        let err = error(&runner, request).await;
+        assert_code(&err, ErrorCode::ProtocolError);
+        tried += 1;
+    }
+    assert!(tried > 1000);
+    assert_eq!(tools.total(), before, "no mutated token reached a host function");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn interrupting_without_a_secret_is_a_configuration_error() {
+    let runner = Runner::new(RunnerConfig::new().workers(1)).unwrap();
+    let tools = Tools::default();
+    assert_eq!(value(&runner, RunRequest::new("return await tools.sum(1, 2)").host(tools.host())).await, json!(3));
+    let err = error(&runner, RunRequest::new("return await tools.approve()").host(tools.host())).await;
+    assert_code(&err, ErrorCode::ConfigurationError);
+    assert!(err.message.contains("secret"), "{}", err.message);
+}

@@ -1,0 +1,85 @@
+use crate::common::*;
+use resumable_runner::{ErrorCode, Limit, LimitOverrides, RunRequest};
+use serde_json::json;
+use std::time::{Duration, Instant};
+
+async fn stops_with(source: &str, code: ErrorCode) {
+    let runner = runner();
+    let limits = timeout_ms(250).with(Limit::Memory, 16 * 1024 * 1024).unwrap();
+    let started = Instant::now();
+    let err = error(&runner, RunRequest::new(source).limits(limits)).await;
+    let elapsed = started.elapsed();
+    assert_code(&err, code);
+    assert!(elapsed < Duration::from_secs(1), "{source}: stopped after {elapsed:?}");
+    assert_eq!(value(&runner, RunRequest::new("return 'next run works'")).await, json!("next run works"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn infinite_loops_time_out_even_when_caught() {
+    stops_with("while (true) {}", ErrorCode::Timeout).await;
+    stops_with("for (;;) { try { while (true) {} } catch (e) {} finally { continue } }", ErrorCode::Timeout).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stack_overflow_cannot_be_caught() {
+    stops_with("function f() { f() } f()", ErrorCode::StackOverflow).await;
+    stops_with("function f() { try { f() } catch (e) {} } f(); return 'survived'", ErrorCode::StackOverflow).await;
+    stops_with(
+        "function f(n) { try { return f(n + 1) } catch (e) { return f(n + 1) } } f(0)",
+        ErrorCode::StackOverflow,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_exhaustion_cannot_be_caught() {
+    stops_with("const a = []; for (;;) a.push(new Array(10000).fill(1))", ErrorCode::MemoryLimit).await;
+    stops_with(
+        "const a = []; for (;;) { try { a.push('x'.repeat(1e6) + a.length) } catch (e) {} }",
+        ErrorCode::MemoryLimit,
+    )
+    .await;
+    stops_with("try { 'x'.repeat(2 ** 28) } catch (e) { return 'caught' }", ErrorCode::MemoryLimit).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endless_microtasks_time_out() {
+    stops_with(
+        "const loop = () => Promise.resolve().then(loop); loop(); await new Promise(() => {})",
+        ErrorCode::Timeout,
+    )
+    .await;
+    stops_with("for (;;) { try { await null } catch (e) {} }", ErrorCode::Timeout).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_host_call_that_never_settles_times_out_and_is_cancelled() {
+    let runner = runner();
+    let tools = Tools::default();
+    let started = Instant::now();
+    let err = error(&runner, RunRequest::new("await tools.never()").host(tools.host()).limits(timeout_ms(100))).await;
+    assert_code(&err, ErrorCode::Timeout);
+    assert!(err.retryable, "a timeout while waiting on the host may succeed next time");
+    assert!(started.elapsed() < Duration::from_millis(600));
+    let cancels = tools.cancels.lock().unwrap();
+    assert_eq!(cancels.len(), 1);
+    assert!(cancels[0].is_cancelled(), "the host's cancel signal fired");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_source_is_refused() {
+    let runner = runner();
+    let small = LimitOverrides::new().with(Limit::Source, 10).unwrap();
+    let err = error(&runner, RunRequest::new("return 'this is longer than ten bytes'").limits(small)).await;
+    assert_code(&err, ErrorCode::SourceTooLarge);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_runs_after_limits_keep_working() {
+    let runner = runner();
+    for round in 0..5 {
+        let err = error(&runner, RunRequest::new("function f() { f() } f()")).await;
+        assert_code(&err, ErrorCode::StackOverflow);
+        assert_eq!(value(&runner, RunRequest::new(format!("return {round}"))).await, json!(round));
+    }
+}

@@ -1,0 +1,8 @@
+//! End-to-end tests of the runner through its public API.
+
+mod basics;
+mod bridge;
+mod common;
+mod continuations;
+mod limits;
+mod sandbox;
