@@ -87,5 +87,8 @@ fn work(jobs: Receiver<Job>) {
             }
         };
         let _ = job.reply.send(result);
+        if let Some(engine) = engine.as_mut() {
+            engine.retire();
+        }
     }
 }

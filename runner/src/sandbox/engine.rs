@@ -7,14 +7,16 @@ use super::serialize::ClassIds;
 use crate::determinism::SeededRandom;
 use crate::error::{ErrorCode, RunError};
 use crate::job::{Job, RawOutcome};
-use rquickjs::context::intrinsic::{Date, Eval, Json, MapSet, Promise, Proxy, RegExp, RegExpCompiler, TypedArrays};
+use rquickjs::context::intrinsic::{Date, Eval, Json, MapSet, Promise, Proxy, RegExp, RegExpCompiler};
 use rquickjs::{Context, Function, Object, Persistent, Runtime, Value, qjs};
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, VecDeque};
 use std::rc::Rc;
 
-/// What every guest realm gets; no eval, no WeakRef, no performance.
-type GuestIntrinsics = (Date, RegExpCompiler, RegExp, Json, Proxy, MapSet, TypedArrays, Promise);
+/// What every guest realm gets: no eval, no WeakRef, no performance, and no
+/// typed arrays (values cross the boundary as JSON; leaving them out also
+/// leaves out `SharedArrayBuffer` and `Atomics`, and makes a realm cheaper).
+type GuestIntrinsics = (Date, RegExpCompiler, RegExp, Json, Proxy, MapSet, Promise);
 /// The compiler context: it only parses, and never runs guest code.
 type CompilerIntrinsics = (Eval, Date);
 
@@ -38,6 +40,8 @@ pub(crate) struct Realm {
 /// Per-worker engine. Not `Send`: it lives and dies on its worker thread.
 pub(crate) struct Engine {
     spare: Option<Realm>,
+    /// The realm of the last run, dropped after its caller has the answer.
+    pub(crate) retired: Option<Realm>,
     compiler: Context,
     harden: Vec<u8>,
     pub(crate) classes: ClassIds,
@@ -79,7 +83,17 @@ impl Engine {
             };
             Ok::<_, RunError>((harden, classes))
         })?;
-        Ok(Engine { spare: None, compiler, harden, classes, cache: BytecodeCache::default(), guard, meter, runtime })
+        Ok(Engine {
+            spare: None,
+            retired: None,
+            compiler,
+            harden,
+            classes,
+            cache: BytecodeCache::default(),
+            guard,
+            meter,
+            runtime,
+        })
     }
 
     /// Builds a realm now so the next run does not wait for it.
@@ -131,6 +145,11 @@ impl Engine {
             .into();
         self.cache.insert(*hash, code.clone());
         Ok(code)
+    }
+
+    /// Frees the last run's realm (its garbage is collected with later ones).
+    pub(crate) fn retire(&mut self) {
+        self.retired = None;
     }
 
     /// Runs one job to its outcome.

@@ -37,6 +37,8 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
 
+/// Most garbage left between collections.
+const GC_HEADROOM: usize = 4 * 1024 * 1024;
 /// Longest text of one console argument.
 const CONSOLE_ARGUMENT_BYTES: usize = 16 * 1024;
 
@@ -58,13 +60,17 @@ pub(crate) fn execute(engine: &mut Engine, job: &Job) -> Result<RawOutcome, RunE
     engine.guard.arm(deadline, job.abort.clone(), stack);
     realm.shared.clock.set(job.replay.start_clock);
     *realm.shared.rng.borrow_mut() = SeededRandom::new(job.replay.seed);
-    engine.meter.start_budget(job.limits.usize(Limit::Memory));
+    let budget = job.limits.usize(Limit::Memory);
+    // Garbage of earlier realms is collected once this much more is allocated,
+    // well inside the budget so that garbage never looks like a script's memory.
+    engine.runtime.set_gc_threshold(engine.meter.used() + (budget / 2).min(GC_HEADROOM));
+    engine.meter.start_budget(budget);
 
     let outcome = run_in_realm(&realm, engine.guard.clone(), engine.classes, job, &code, deadline);
 
     engine.meter.lift();
     engine.guard.disarm();
-    drop(realm);
+    engine.retired = Some(realm);
     outcome
 }
 

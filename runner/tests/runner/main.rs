@@ -6,3 +6,5 @@ mod common;
 mod continuations;
 mod limits;
 mod sandbox;
+
+mod hostile;

@@ -1,0 +1,51 @@
+//! The command line: a top-level parser with one subcommand per task.
+
+mod report;
+mod run;
+
+use clap::{Parser, Subcommand};
+use std::process::ExitCode;
+
+/// Exit status of a command line the program could not act on (bad flag value,
+/// unreadable file). clap's own parse errors use the same status.
+const EXIT_USAGE: u8 = 2;
+
+/// Run untrusted JavaScript in a QuickJS sandbox with hard limits.
+#[derive(Debug, Parser)]
+#[command(
+    name = "resumable",
+    version,
+    about = "Run untrusted JavaScript in a QuickJS sandbox with hard limits",
+    long_about = "Run untrusted JavaScript in a QuickJS sandbox with hard limits.\n\n\
+        Scripts reach the outside world only through host functions that an embedding \
+        application exposes; a host function can pause a run for a human decision, and \
+        the run is resumed later from a signed continuation.",
+    propagate_version = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// The tasks the program performs.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a script in the sandbox and print its outcome as one JSON line.
+    #[command(long_about = run::RUN_LONG_ABOUT)]
+    Run(run::RunArgs),
+}
+
+impl Cli {
+    /// Performs the chosen command and returns the process exit status.
+    pub fn execute(self) -> ExitCode {
+        match self.command {
+            Command::Run(args) => run::execute(args),
+        }
+    }
+}
+
+/// Reports a usage problem found after parsing: a message on stderr, nothing on stdout.
+fn usage_error(message: impl std::fmt::Display) -> ExitCode {
+    eprintln!("error: {message}");
+    ExitCode::from(EXIT_USAGE)
+}

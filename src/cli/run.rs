@@ -1,0 +1,127 @@
+//! `resumable run FILE`: run one script and print its outcome.
+
+use super::report::print_outcome;
+use super::usage_error;
+use clap::Args;
+use resumable::runner::LimitError;
+use resumable::{Limit, LimitOverrides, Outcome, RunError, RunRequest, Runner, RunnerConfig};
+use serde_json::Value;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+/// Long description of `resumable run`, shown by `--help`.
+pub const RUN_LONG_ABOUT: &str = "Run a script in the sandbox and print its outcome as one JSON line.
+
+The script is the body of an async function: top-level `await` and `return` are allowed, and \
+the returned JSON-compatible value is the result. No host functions are available, so the \
+script cannot reach anything outside the sandbox.";
+
+const RUN_AFTER_HELP: &str = "\
+Output: exactly one JSON line on stdout, for example
+  {\"status\":\"completed\",\"value\":42,\"console\":[{\"level\":\"log\",\"text\":\"hi\"}]}
+  {\"status\":\"failed\",\"error\":{\"code\":\"RUN_ERROR\",\"message\":\"Error: boom …\",\"retryable\":false},\"console\":[]}
+
+Exit status: 0 completed, 1 failed (script error or limit), 2 usage error (nothing on stdout).
+
+Example: echo 'console.log(\"hi\"); return 6 * 7' | resumable run -";
+
+/// Arguments of `resumable run`.
+#[derive(Debug, Args)]
+#[command(after_help = RUN_AFTER_HELP)]
+pub struct RunArgs {
+    /// The script file; `-` reads it from stdin.
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+
+    #[arg(
+        long,
+        value_name = "MS",
+        allow_negative_numbers = true,
+        value_parser = limit_value(Limit::Timeout),
+        help = limit_help(Limit::Timeout, "Wall-clock limit of the run, in milliseconds"),
+    )]
+    timeout_ms: Option<i128>,
+
+    #[arg(
+        long,
+        value_name = "BYTES",
+        allow_negative_numbers = true,
+        value_parser = limit_value(Limit::Memory),
+        help = limit_help(Limit::Memory, "Memory limit of the JavaScript heap, in bytes"),
+    )]
+    memory_bytes: Option<i128>,
+
+    /// JSON bound into the run's scope (for example a tenant); the script does not see it.
+    #[arg(long, value_name = "JSON", value_parser = parse_json)]
+    context: Option<Value>,
+}
+
+impl RunArgs {
+    /// The per-run limit overrides given on the command line.
+    fn overrides(&self) -> Result<LimitOverrides, LimitError> {
+        let mut overrides = LimitOverrides::new();
+        for (limit, value) in [(Limit::Timeout, self.timeout_ms), (Limit::Memory, self.memory_bytes)] {
+            if let Some(value) = value {
+                overrides.set(limit, value)?;
+            }
+        }
+        Ok(overrides)
+    }
+}
+
+/// Runs the script and prints the report; see [`RunArgs`].
+pub fn execute(args: RunArgs) -> ExitCode {
+    let overrides = match args.overrides() {
+        Ok(overrides) => overrides,
+        Err(err) => return usage_error(err),
+    };
+    let source = match read_script(&args.file) {
+        Ok(source) => source,
+        Err(err) => return usage_error(format_args!("cannot read the script {}: {err}", args.file.display())),
+    };
+    let request = RunRequest::new(source).limits(overrides).context(args.context.unwrap_or(Value::Null));
+    print_outcome(&run_once(request))
+}
+
+/// Runs one request on a one-worker runner inside a fresh tokio runtime.
+fn run_once(request: RunRequest) -> Result<Outcome, RunError> {
+    let tokio = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_time()
+        .build()
+        .map_err(|err| RunError::internal(format!("cannot start the async runtime: {err}")))?;
+    // A script with no host functions cannot interrupt, so no continuation secret is needed.
+    let runner = Runner::new(RunnerConfig::new().workers(1)).map_err(|err| RunError::internal(err.0))?;
+    tokio.block_on(runner.run(request))
+}
+
+/// Reads the script from `path`, or from stdin when `path` is `-`.
+fn read_script(path: &Path) -> std::io::Result<String> {
+    if path == Path::new("-") {
+        let mut source = String::new();
+        std::io::stdin().read_to_string(&mut source)?;
+        Ok(source)
+    } else {
+        std::fs::read_to_string(path)
+    }
+}
+
+/// A value parser that accepts an integer within `limit`'s range.
+fn limit_value(limit: Limit) -> impl Fn(&str) -> Result<i128, String> + Clone + Send + Sync + 'static {
+    move |text| {
+        let value: i128 = text.parse().map_err(|err| format!("not an integer: {err}"))?;
+        LimitOverrides::new().with(limit, value).map_err(|err| err.to_string())?;
+        Ok(value)
+    }
+}
+
+/// Help text of a limit flag, with its accepted range and default taken from the library.
+fn limit_help(limit: Limit, what: &str) -> String {
+    format!("{what} ({} to {}; default {})", limit.min(), limit.max(), limit.default_value())
+}
+
+/// A value parser that accepts any JSON document.
+fn parse_json(text: &str) -> Result<Value, String> {
+    serde_json::from_str(text).map_err(|err| format!("not valid JSON: {err}"))
+}

@@ -1,0 +1,198 @@
+//! End-to-end tests of the `resumable` binary (and of the `approval_cli` example when it is built).
+
+use serde_json::{Value, json};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// Runs `program` with `args`, feeding `stdin`.
+fn run_program(program: &Path, args: &[&str], stdin: &str) -> Output {
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the program starts");
+    // The child may exit before reading stdin (usage errors); a broken pipe is fine then.
+    let _ = child.stdin.take().expect("piped stdin").write_all(stdin.as_bytes());
+    child.wait_with_output().expect("the program finishes")
+}
+
+/// Runs `resumable` with `args`, feeding `stdin`.
+fn resumable(args: &[&str], stdin: &str) -> Output {
+    run_program(Path::new(env!("CARGO_BIN_EXE_resumable")), args, stdin)
+}
+
+/// `resumable run - ARGS` with `source` on stdin.
+fn run_source(source: &str, args: &[&str]) -> Output {
+    let mut all = vec!["run", "-"];
+    all.extend_from_slice(args);
+    resumable(&all, source)
+}
+
+/// The single JSON line on stdout.
+fn report(output: &Output) -> Value {
+    let stdout = String::from_utf8(output.stdout.clone()).expect("utf-8 stdout");
+    assert_eq!(stdout.lines().count(), 1, "exactly one line on stdout: {stdout:?}");
+    assert!(stdout.ends_with('\n'));
+    serde_json::from_str(&stdout).expect("stdout is JSON")
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+/// Asserts a failed run with `code` and exit status 1; returns the report.
+fn assert_failed(output: &Output, code: &str) -> Value {
+    let report = report(output);
+    assert_eq!(report["status"], "failed", "{report}");
+    assert_eq!(report["error"]["code"], code, "{report}");
+    assert!(report["error"]["message"].is_string() && report["error"]["retryable"].is_boolean(), "{report}");
+    assert_eq!(output.status.code(), Some(1));
+    report
+}
+
+/// Asserts a usage error: status 2, nothing on stdout, `message` on stderr.
+fn assert_usage_error(output: &Output, message: &str) {
+    assert_eq!(output.status.code(), Some(2), "stderr: {}", stderr(output));
+    assert!(output.stdout.is_empty(), "stdout: {}", String::from_utf8_lossy(&output.stdout));
+    assert!(stderr(output).contains(message), "stderr {:?} should contain {message:?}", stderr(output));
+}
+
+fn script_file(name: &str, source: &str) -> PathBuf {
+    let path = Path::new(env!("CARGO_TARGET_TMPDIR")).join(name);
+    std::fs::write(&path, source).expect("write the script");
+    path
+}
+
+#[test]
+fn a_script_file_completes_with_its_value() {
+    let path = script_file("cli-answer.js", "return 6*7");
+    let output = resumable(&["run", path.to_str().unwrap()], "");
+    assert_eq!(report(&output), json!({ "status": "completed", "value": 42, "console": [] }));
+    assert_eq!(output.status.code(), Some(0));
+    assert!(output.stderr.is_empty(), "{}", stderr(&output));
+}
+
+#[test]
+fn stdin_scripts_run_with_await_and_their_console_is_captured() {
+    let source = "console.log('hi', 1); console.warn('careful'); return await Promise.resolve({ ok: [true] })";
+    let output = run_source(source, &[]);
+    assert_eq!(
+        report(&output),
+        json!({
+            "status": "completed",
+            "value": { "ok": [true] },
+            "console": [{ "level": "log", "text": "hi 1" }, { "level": "warn", "text": "careful" }],
+        })
+    );
+    assert_eq!(output.status.code(), Some(0));
+}
+
+#[test]
+fn a_throwing_script_fails_with_run_error_and_keeps_its_console() {
+    let report = assert_failed(&run_source("console.log('before'); throw new Error('boom')", &[]), "RUN_ERROR");
+    assert!(report["error"]["message"].as_str().unwrap().contains("boom"), "{report}");
+    assert_eq!(report["error"]["retryable"], false);
+    assert_eq!(report["console"], json!([{ "level": "log", "text": "before" }]));
+    assert_failed(&run_source("return 1 +", &[]), "RUN_ERROR");
+}
+
+#[test]
+fn an_endless_loop_times_out() {
+    let started = Instant::now();
+    assert_failed(&run_source("while (true) {}", &["--timeout-ms", "200"]), "RUN_TIMEOUT");
+    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+}
+
+#[test]
+fn an_allocation_loop_hits_the_memory_limit() {
+    let source = "const a = []; for (;;) a.push(new Array(10000).fill(1))";
+    assert_failed(&run_source(source, &["--memory-bytes", "2000000", "--timeout-ms", "20000"]), "RUN_MEMORY_LIMIT");
+}
+
+#[test]
+fn a_context_is_accepted_and_bad_json_is_a_usage_error() {
+    let output = run_source("return 1", &["--context", r#"{"a":1}"#]);
+    assert_eq!(report(&output)["value"], 1);
+    assert_eq!(output.status.code(), Some(0));
+    assert_usage_error(&run_source("return 1", &["--context", "{a:1"]), "--context");
+}
+
+#[test]
+fn out_of_range_limits_are_usage_errors_with_the_limit_message() {
+    let timeout = "limit timeout_ms must be an integer from 1 to 86400000";
+    assert_usage_error(&run_source("return 1", &["--timeout-ms", "0"]), &format!("{timeout}, got 0"));
+    assert_usage_error(&run_source("return 1", &["--timeout-ms", "-1"]), &format!("{timeout}, got -1"));
+    assert_usage_error(&run_source("return 1", &["--timeout-ms=-1"]), &format!("{timeout}, got -1"));
+    assert_usage_error(&run_source("return 1", &["--timeout-ms", "86400001"]), timeout);
+    assert_usage_error(
+        &run_source("return 1", &["--memory-bytes", "99999999999999"]),
+        "limit memory_bytes must be an integer from 1048576 to 4294967296, got 99999999999999",
+    );
+    assert_usage_error(&run_source("return 1", &["--memory-bytes", "1e9"]), "not an integer");
+    assert_usage_error(&run_source("return 1", &["--timeout-ms", &"9".repeat(50)]), "not an integer");
+}
+
+#[test]
+fn unreadable_files_and_bad_command_lines_are_usage_errors() {
+    let missing = Path::new(env!("CARGO_TARGET_TMPDIR")).join("cli-does-not-exist.js");
+    assert_usage_error(&resumable(&["run", missing.to_str().unwrap()], ""), "cannot read the script");
+    assert_usage_error(&resumable(&["run", env!("CARGO_TARGET_TMPDIR")], ""), "cannot read the script");
+    assert_usage_error(&resumable(&["run"], ""), "<FILE>");
+    assert_usage_error(&resumable(&["run", "-", "--no-such-flag"], ""), "--no-such-flag");
+    assert_usage_error(&resumable(&["launch"], ""), "launch");
+    assert_usage_error(&resumable(&[], ""), "Usage");
+}
+
+#[test]
+fn help_describes_the_commands_and_flags() {
+    let top = resumable(&["--help"], "");
+    assert_eq!(top.status.code(), Some(0));
+    let text = String::from_utf8(top.stdout).unwrap();
+    assert!(text.contains("run") && text.contains("Usage: resumable <COMMAND>"), "{text}");
+
+    let run = resumable(&["run", "--help"], "");
+    assert_eq!(run.status.code(), Some(0));
+    let text = String::from_utf8(run.stdout).unwrap();
+    for needle in ["--timeout-ms", "--memory-bytes", "--context", "<FILE>", "stdin", "Exit status"] {
+        assert!(text.contains(needle), "run --help should mention {needle}: {text}");
+    }
+}
+
+/// Drives the `approval_cli` example through its prompt. `cargo test` builds examples
+/// next to the test binaries; when it is missing or older than its source (for example
+/// after `cargo test --test cli`), the test says so and checks nothing.
+#[test]
+fn the_approval_example_sends_only_when_approved() {
+    let Some(example) = built_example("approval_cli") else { return };
+    let approved = run_program(&example, &[], "y\n");
+    let text = String::from_utf8_lossy(&approved.stdout);
+    assert!(approved.status.success(), "{text}{}", stderr(&approved));
+    assert!(text.contains("Send this newsletter? [y/N]") && text.contains("sent \""), "{text}");
+    assert!(text.contains(r#"result: "sent to 1280 subscribers""#), "{text}");
+
+    for answer in ["n\n", ""] {
+        let declined = run_program(&example, &[], answer);
+        let text = String::from_utf8_lossy(&declined.stdout);
+        assert!(declined.status.success(), "{text}{}", stderr(&declined));
+        assert!(!text.contains("sent \""), "{text}");
+        assert!(text.contains("not sent: the newsletter was not approved"), "{text}");
+    }
+}
+
+fn built_example(name: &str) -> Option<PathBuf> {
+    let deps = std::env::current_exe().ok()?.parent()?.to_path_buf();
+    let binary = deps.parent()?.join("examples").join(format!("{name}{}", std::env::consts::EXE_SUFFIX));
+    let source = Path::new(env!("CARGO_MANIFEST_DIR")).join("examples").join(format!("{name}.rs"));
+    let modified = |path: &Path| std::fs::metadata(path).and_then(|m| m.modified()).ok();
+    match (modified(&binary), modified(&source)) {
+        (Some(built), Some(written)) if built >= written => Some(binary),
+        _ => {
+            eprintln!("skipped: {} is not built or is older than its source", binary.display());
+            None
+        }
+    }
+}
