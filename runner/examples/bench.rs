@@ -170,12 +170,43 @@ fn new_runner() -> Runner {
     Runner::new(RunnerConfig::new().codec(codec)).expect("runner starts")
 }
 
-/// A tight loop of trivial runs, for profilers: `bench --profile-trivial N`.
-async fn profile_trivial(n: usize) {
+/// A tight loop of one workload, for profilers: `bench --profile trivial|calls|cpu N`.
+async fn profile(workload: &str, n: usize) {
     let runner = new_runner();
+    let (request, expected) = match workload {
+        "trivial" => (RunRequest::new(TRIVIAL), json!(2)),
+        "calls" => (RunRequest::new(CALLS_200_SMALL).host(host(false)), json!(19900)),
+        "cpu" => (RunRequest::new(CPU), json!(CPU_VALUE)),
+        "interrupt" => {
+            let hex = host(true);
+            let started = Instant::now();
+            for _ in 0..n {
+                let first = runner.run(RunRequest::new(CALLS_200_INTERRUPT).host(hex.clone())).await;
+                assert!(matches!(first, Ok(Outcome::Interrupted(_))));
+            }
+            eprintln!("{workload}: {:.3} ms per run", ms(started) / n as f64);
+            return;
+        }
+        "resume" => {
+            let hex = host(true);
+            let Ok(Outcome::Interrupted(first)) =
+                runner.run(RunRequest::new(CALLS_200_INTERRUPT).host(hex.clone())).await
+            else {
+                panic!("no interruption")
+            };
+            let id = first.interruptions[0].id.clone();
+            let request = RunRequest::new(CALLS_200_INTERRUPT)
+                .host(hex)
+                .resume(first.continuation, [Resolution::new(id, json!(true))]);
+            (request, json!(CALLS_200_VALUE))
+        }
+        other => panic!("unknown workload {other}"),
+    };
+    let started = Instant::now();
     for _ in 0..n {
-        check(runner.run(RunRequest::new(TRIVIAL)).await, &json!(2), "profile");
+        check(runner.run(request.clone()).await, &expected, "profile");
     }
+    eprintln!("{workload}: {:.3} ms per run", ms(started) / n as f64);
 }
 
 async fn rss_child() {
@@ -291,8 +322,10 @@ async fn bench() {
 fn main() {
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio");
     let args: Vec<String> = std::env::args().collect();
-    if let Some(n) = args.iter().position(|a| a == "--profile-trivial").and_then(|i| args.get(i + 1)) {
-        runtime.block_on(profile_trivial(n.parse().expect("a count")));
+    if let Some(i) = args.iter().position(|a| a == "--profile") {
+        let workload = args.get(i + 1).expect("a workload");
+        let n = args.get(i + 2).and_then(|n| n.parse().ok()).expect("a count");
+        runtime.block_on(profile(workload, n));
     } else if args.iter().any(|a| a == "--rss") {
         runtime.block_on(rss_child());
     } else {

@@ -41,18 +41,6 @@ impl Pool {
     }
 }
 
-/// Limits after which a runtime is thrown away rather than reused.
-fn poisons_runtime(code: ErrorCode) -> bool {
-    matches!(
-        code,
-        ErrorCode::Timeout
-            | ErrorCode::MemoryLimit
-            | ErrorCode::StackOverflow
-            | ErrorCode::Aborted
-            | ErrorCode::BridgeLimit
-    )
-}
-
 fn work(jobs: Receiver<Job>) {
     let mut engine: Option<Engine> = None;
     loop {
@@ -64,31 +52,24 @@ fn work(jobs: Receiver<Job>) {
                 engine.prepare_spare();
             }
         }
-        let Ok(job) = jobs.recv() else { return };
+        let Ok(mut job) = jobs.recv() else { return };
         let result = if job.abort.load(Ordering::SeqCst) {
             Err(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"))
         } else {
             match engine.as_mut() {
                 None => Err(RunError::internal("the JavaScript engine could not start")),
-                Some(current) => match catch_unwind(AssertUnwindSafe(|| current.execute(&job))) {
-                    Ok(result) => {
-                        if let Err(error) = &result {
-                            if poisons_runtime(error.code) {
-                                engine = None;
-                            }
-                        }
-                        result
-                    }
-                    Err(_) => {
-                        engine = None;
-                        Err(RunError::internal("the worker failed while running the script"))
-                    }
-                },
+                Some(current) => catch_unwind(AssertUnwindSafe(|| current.execute(&mut job))).unwrap_or_else(|_| {
+                    current.poisoned = true;
+                    Err(RunError::internal("the worker failed while running the script"))
+                }),
             }
         };
         let _ = job.reply.send(result);
-        if let Some(engine) = engine.as_mut() {
-            engine.retire();
+        // Teardown happens after the caller has its answer.
+        match engine.as_mut() {
+            Some(current) if current.poisoned => engine = None,
+            Some(current) => current.retire(),
+            None => {}
         }
     }
 }

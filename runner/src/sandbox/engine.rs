@@ -17,8 +17,8 @@ use std::rc::Rc;
 /// typed arrays (values cross the boundary as JSON; leaving them out also
 /// leaves out `SharedArrayBuffer` and `Atomics`, and makes a realm cheaper).
 type GuestIntrinsics = (Date, RegExpCompiler, RegExp, Json, Proxy, MapSet, Promise);
-/// The compiler context: it only parses, and never runs guest code.
-type CompilerIntrinsics = (Eval, Date);
+/// The compiler context: it only parses (regular expressions included), and never runs guest code.
+type CompilerIntrinsics = (Eval, Date, RegExpCompiler, RegExp);
 
 const HARDEN_JS: &str = include_str!("harden.js");
 const BYTECODE_CACHE_ENTRIES: usize = 64;
@@ -42,6 +42,9 @@ pub(crate) struct Engine {
     spare: Option<Realm>,
     /// The realm of the last run, dropped after its caller has the answer.
     pub(crate) retired: Option<Realm>,
+    /// Set when the last run left state behind (a latched limit, queued jobs):
+    /// the worker then replaces the whole engine.
+    pub(crate) poisoned: bool,
     compiler: Context,
     harden: Vec<u8>,
     pub(crate) classes: ClassIds,
@@ -58,7 +61,7 @@ impl Engine {
             .map_err(|e| RunError::internal(format!("cannot start the engine: {e}")))?;
         let guard = RunGuard::new(meter.clone());
         let handler_guard = guard.clone();
-        runtime.set_interrupt_handler(Some(Box::new(move || handler_guard.should_stop())));
+        runtime.set_interrupt_handler(Some(Box::new(move || handler_guard.should_stop_checking_stack())));
         let compiler = Context::custom::<CompilerIntrinsics>(&runtime)
             .map_err(|e| RunError::internal(format!("cannot create the compiler: {e}")))?;
         let (harden, classes) = compiler.with(|ctx| {
@@ -84,6 +87,7 @@ impl Engine {
             Ok::<_, RunError>((harden, classes))
         })?;
         Ok(Engine {
+            poisoned: false,
             spare: None,
             retired: None,
             compiler,
@@ -153,7 +157,7 @@ impl Engine {
     }
 
     /// Runs one job to its outcome.
-    pub(crate) fn execute(&mut self, job: &Job) -> Result<RawOutcome, RunError> {
+    pub(crate) fn execute(&mut self, job: &mut Job) -> Result<RawOutcome, RunError> {
         super::execution::execute(self, job)
     }
 }

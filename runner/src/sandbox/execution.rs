@@ -12,7 +12,7 @@ use super::console::ConsoleBuffer;
 use super::engine::{Engine, Realm, RealmShared};
 use super::interrupt::RunGuard;
 use super::js;
-use super::serialize::{ClassIds, Mode, SerializeError, Serializer, js_string};
+use super::serialize::{ClassIds, MAX_DEPTH, Mode, SerializeError, Serializer, js_string};
 use super::stack_guard::{StackGuard, stack_pointer};
 use crate::determinism::{SeededRandom, wall_clock_ms};
 use crate::error::{ErrorCode, RunError};
@@ -37,12 +37,14 @@ use std::sync::mpsc::RecvTimeoutError;
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
 
+/// Room beyond twice the stack limit before the engine's own check refuses a frame.
+const ENGINE_STACK_SLACK: usize = 1024 * 1024;
 /// Most garbage left between collections.
 const GC_HEADROOM: usize = 4 * 1024 * 1024;
 /// Longest text of one console argument.
 const CONSOLE_ARGUMENT_BYTES: usize = 16 * 1024;
 
-pub(crate) fn execute(engine: &mut Engine, job: &Job) -> Result<RawOutcome, RunError> {
+pub(crate) fn execute(engine: &mut Engine, job: &mut Job) -> Result<RawOutcome, RunError> {
     let started = Instant::now();
     let deadline = started + job.limits.timeout();
     let code = engine.bytecode(&job.source, &job.source_hash)?;
@@ -50,11 +52,13 @@ pub(crate) fn execute(engine: &mut Engine, job: &Job) -> Result<RawOutcome, RunE
 
     let stack_size = job.limits.usize(Limit::Stack);
     let runtime = realm.context.get_runtime_ptr();
-    // SAFETY: the worker thread's stack is four times the largest JS stack,
-    // and the band painted lies below this frame.
+    // The engine's own check sits at twice the limit plus room for one huge
+    // frame; the script's limit is the guard band, which any frame crossing
+    // it writes to, caught or not. SAFETY: the worker thread's stack is four
+    // times the largest JS stack, and the band lies below this frame.
     let stack = unsafe {
         qjs::JS_UpdateStackTop(runtime);
-        qjs::JS_SetMaxStackSize(runtime, stack_size as _);
+        qjs::JS_SetMaxStackSize(runtime, (2 * stack_size + ENGINE_STACK_SLACK) as _);
         StackGuard::paint(stack_pointer() - stack_size)
     };
     engine.guard.arm(deadline, job.abort.clone(), stack);
@@ -68,6 +72,9 @@ pub(crate) fn execute(engine: &mut Engine, job: &Job) -> Result<RawOutcome, RunE
 
     let outcome = run_in_realm(&realm, engine.guard.clone(), engine.classes, job, &code, deadline);
 
+    // Jobs left in the queue, or a latched limit, would leak into the next
+    // run on this runtime: such a runtime is discarded.
+    engine.poisoned = engine.guard.check().is_some() || unsafe { qjs::JS_IsJobPending(runtime) };
     engine.meter.lift();
     engine.guard.disarm();
     engine.retired = Some(realm);
@@ -78,13 +85,14 @@ fn run_in_realm(
     realm: &Realm,
     guard: Rc<RunGuard>,
     classes: ClassIds,
-    job: &Job,
+    job: &mut Job,
     code: &[u8],
     deadline: Instant,
 ) -> Result<RawOutcome, RunError> {
     realm.context.with(|ctx| {
         let helpers = realm.helpers.clone().restore(&ctx).map_err(engine_error)?;
-        let env = Rc::new(RunEnv::new(&ctx, job, guard, classes, realm.shared.clone(), &helpers)?);
+        let env = Rc::new(RunEnv::new(job, guard, classes, realm.shared.clone(), &helpers)?);
+        let job = &*job;
         let result = install(&ctx, &env, &helpers)
             .and_then(|()| Driver { ctx: ctx.clone(), env: env.clone(), job }.run(code, deadline));
         env.finish();
@@ -152,9 +160,9 @@ struct OurError<'js> {
 }
 
 impl<'js> RunEnv<'js> {
+    /// Takes the recorded ledger and resolutions out of `job`.
     fn new(
-        ctx: &Ctx<'js>,
-        job: &Job,
+        job: &mut Job,
         guard: Rc<RunGuard>,
         classes: ClassIds,
         shared: Rc<RealmShared>,
@@ -162,11 +170,13 @@ impl<'js> RunEnv<'js> {
     ) -> Result<Self, RunError> {
         let date_to_iso: Function = helpers.get("dateToISOString").map_err(engine_error)?;
         let error_stack: Option<Function> = helpers.get("errorStack").map_err(engine_error)?;
+        let ledger = std::mem::take(&mut job.replay.ledger);
+        let resolutions = std::mem::take(&mut job.replay.resolutions);
         let replay = &job.replay;
-        let mut recorded_settles = vec![0u32; replay.ledger.len()];
+        let mut recorded_settles = vec![0u32; ledger.len()];
         let mut settled = 0usize;
         let mut interrupted = BTreeSet::new();
-        for (i, entry) in replay.ledger.iter().enumerate() {
+        for (i, entry) in ledger.iter().enumerate() {
             match entry.settle_order {
                 Some(order) => {
                     recorded_settles[order as usize] = i as u32 + 1;
@@ -179,7 +189,6 @@ impl<'js> RunEnv<'js> {
         }
         recorded_settles.truncate(settled);
         let limits = &job.limits;
-        let _ = ctx;
         Ok(RunEnv {
             guard,
             shared,
@@ -196,11 +205,11 @@ impl<'js> RunEnv<'js> {
             argument_bytes: limits.usize(Limit::HostCallArguments),
             output_bytes: limits.usize(Limit::HostCallOutput),
             bridge: RefCell::new(Bridge {
-                ledger: replay.ledger.clone(),
-                recorded: replay.ledger.len(),
+                recorded: ledger.len(),
+                replaying: !ledger.is_empty(),
+                ledger,
                 recorded_settles,
-                replaying: !replay.ledger.is_empty(),
-                resolutions: replay.resolutions.clone(),
+                resolutions,
                 calls_made: 0,
                 attempts: 0,
                 next_settle: 0,
@@ -256,8 +265,9 @@ impl<'js> RunEnv<'js> {
         Ok(object)
     }
 
-    fn realm_functions(&self) -> RealmFunctions<'js> {
-        self.realm_functions.borrow().clone().expect("realm functions live until the run finishes")
+    /// `None` once the run has finished (a native called after that gets an engine error).
+    fn realm_functions(&self) -> Option<RealmFunctions<'js>> {
+        self.realm_functions.borrow().clone()
     }
 
     /// Serializes `value` as JSON text under `mode`.
@@ -269,12 +279,12 @@ impl<'js> RunEnv<'js> {
         mode: Mode,
         limit: usize,
     ) -> Result<String, SerializeError> {
-        let functions = self.realm_functions();
+        let functions = self.realm_functions().ok_or(SerializeError::Engine)?;
         Serializer::new(ctx, self.classes, &functions.date_to_iso, mode, limit).serialize(value, root)
     }
 
     fn arguments_to_json(&self, ctx: &Ctx<'js>, args: &[Value<'js>]) -> Result<String, SerializeError> {
-        let functions = self.realm_functions();
+        let functions = self.realm_functions().ok_or(SerializeError::Engine)?;
         Serializer::new(ctx, self.classes, &functions.date_to_iso, Mode::Strict, self.argument_bytes)
             .serialize_arguments(args)
     }
@@ -286,7 +296,16 @@ impl<'js> RunEnv<'js> {
             let entry = &bridge.ledger[index as usize - 1];
             (entry.function.clone(), entry.arguments.clone())
         };
-        let arguments: Vec<Json> = serde_json::from_str(&arguments).unwrap_or_default();
+        let arguments: Vec<Json> = match serde_json::from_str(&arguments) {
+            Ok(arguments) => arguments,
+            Err(e) => {
+                let failed = HostError::new(format!("the arguments of {function} could not be read: {e}"));
+                let mut bridge = self.bridge.borrow_mut();
+                bridge.in_flight += 1;
+                bridge.ready.push_back((index, Err(failed)));
+                return;
+            }
+        };
         let call = HostCallContext::new(
             self.logical_run_id.clone(),
             function.as_str(),
@@ -367,10 +386,11 @@ fn install<'js>(ctx: &Ctx<'js>, env: &Rc<RunEnv<'js>>, helpers: &Object<'js>) ->
                 members.set(function, native)?;
             }
             let env = env.clone();
-            let unknown = Function::new(ctx.clone(), move |ctx: Ctx<'js>, name: String| -> rquickjs::Result<()> {
+            let unknown = Function::new(ctx.clone(), move |ctx: Ctx<'js>, name: Value<'js>| -> rquickjs::Result<()> {
+                counted_attempt(&ctx, &env)?;
+                let name = js_string(ctx.as_raw().as_ptr(), name.as_raw()).unwrap_or_default();
                 let message = env.host.unknown_function_message(&name);
-                let error = counted_attempt(&ctx, &env)
-                    .and_then(|()| env.our_error(&ctx, ErrorCode::HostFunctionError, message, None))?;
+                let error = env.our_error(&ctx, ErrorCode::HostFunctionError, message, None)?;
                 Err(ctx.throw(error))
             })?;
             make_namespace.call::<_, ()>((namespace, members, unknown))?;
@@ -388,7 +408,16 @@ fn console_write<'js>(ctx: &Ctx<'js>, env: &RunEnv<'js>, level: ConsoleLevel, ar
     let mut parts = Vec::with_capacity(args.len());
     for arg in args {
         let text = if arg.is_string() {
-            js_string(raw, arg.as_raw()).unwrap_or_default()
+            let mut text = js_string(raw, arg.as_raw()).unwrap_or_default();
+            if text.len() > CONSOLE_ARGUMENT_BYTES {
+                let mut cut = CONSOLE_ARGUMENT_BYTES;
+                while !text.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                text.truncate(cut);
+                text.push('…');
+            }
+            text
         } else if arg.is_undefined() {
             "undefined".to_string()
         } else {
@@ -421,7 +450,7 @@ fn host_call<'js>(
     function: &str,
     args: Vec<Value<'js>>,
 ) -> rquickjs::Result<Value<'js>> {
-    if env.guard.should_stop() {
+    if env.guard.should_stop_checking_stack() {
         return Err(js::throw_uncatchable(ctx, "the run is stopping"));
     }
     counted_attempt(ctx, env)?;
@@ -488,6 +517,23 @@ fn host_call<'js>(
     Ok(promise.into_value())
 }
 
+/// Whether `value` nests deeper than `max` (checked without recursion).
+fn json_depth_exceeds(value: &Json, max: usize) -> bool {
+    let mut stack: Vec<(&Json, usize)> = vec![(value, 1)];
+    while let Some((value, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Json>> = match value {
+            Json::Array(items) => Box::new(items.iter()),
+            Json::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        if depth > max {
+            return true;
+        }
+        stack.extend(children.map(|child| (child, depth + 1)));
+    }
+    false
+}
+
 fn clip(text: &str) -> &str {
     let mut end = text.len().min(200);
     while !text.is_char_boundary(end) {
@@ -530,7 +576,8 @@ impl<'js> Driver<'_, 'js> {
         };
         loop {
             self.run_jobs();
-            if let Some(error) = self.env.guard.check() {
+            if self.env.guard.should_stop() {
+                let error = self.env.guard.check().unwrap_or_else(|| RunError::internal("the run stopped"));
                 return Err(self.with_console(error));
             }
             match self.step(&promise, deadline) {
@@ -698,6 +745,15 @@ impl<'js> Driver<'_, 'js> {
     fn settle_live(&self, index: u32, result: HostResult) -> Step {
         let env = &*self.env;
         let clock = wall_clock_ms().max(env.shared.clock.get());
+        let result = match result {
+            Ok(value) if json_depth_exceeds(&value, MAX_DEPTH) => {
+                Err(HostError::new(format!("the host function returned a value nested deeper than {MAX_DEPTH} levels")))
+            }
+            Err(HostError::Interrupt(payload)) if json_depth_exceeds(&payload, MAX_DEPTH) => Err(HostError::new(
+                format!("the host function interrupted with a payload nested deeper than {MAX_DEPTH} levels"),
+            )),
+            other => other,
+        };
         let outcome = match result {
             Ok(value) => CallOutcome::Fulfilled(serde_json::to_string(&value).unwrap_or_else(|_| "null".into())),
             Err(HostError::Interrupt(payload)) => {
@@ -778,6 +834,9 @@ impl<'js> Driver<'_, 'js> {
     }
 
     fn completed(&self, promise: &Promise<'js>) -> Result<RawOutcome, RunError> {
+        if let Some(error) = self.env.guard.check() {
+            return Err(error);
+        }
         let value = unsafe {
             Value::from_raw(self.ctx.clone(), qjs::JS_PromiseResult(self.ctx.as_raw().as_ptr(), promise.as_raw()))
         };
@@ -796,6 +855,9 @@ impl<'js> Driver<'_, 'js> {
     }
 
     fn interrupted(&self) -> Result<RawOutcome, RunError> {
+        if let Some(error) = self.env.guard.check() {
+            return Err(error);
+        }
         let mut bridge = self.env.bridge.borrow_mut();
         let mut interruptions = Vec::with_capacity(bridge.interrupted.len());
         for &index in &bridge.interrupted {
@@ -803,11 +865,13 @@ impl<'js> Driver<'_, 'js> {
             let CallOutcome::Interrupted(payload) = &entry.outcome else {
                 return Err(RunError::internal(format!("call {index} is not interrupted")));
             };
+            let unreadable =
+                |e: serde_json::Error| RunError::internal(format!("call {index} cannot be described: {e}"));
             interruptions.push(Interruption {
                 id: format!("interrupt-{index}"),
                 function: entry.function.clone(),
-                arguments: serde_json::from_str(&entry.arguments).unwrap_or_default(),
-                payload: serde_json::from_str(payload).unwrap_or(Json::Null),
+                arguments: serde_json::from_str(&entry.arguments).map_err(unreadable)?,
+                payload: serde_json::from_str(payload).map_err(unreadable)?,
             });
         }
         let console = bridge.console.take();
@@ -829,10 +893,13 @@ impl<'js> Driver<'_, 'js> {
             }
         }
         let fallback = |value: &Value<'js>| {
+            if value.is_undefined() {
+                return "undefined".to_string();
+            }
             self.env.to_json(&self.ctx, value, "thrown", Mode::Lenient, 1024).unwrap_or_else(|_| "a value".into())
         };
-        let functions = self.env.realm_functions();
-        let message = js::describe_error(&self.ctx, &thrown, functions.error_stack.as_ref(), 1, &fallback);
+        let stack = self.env.realm_functions().and_then(|f| f.error_stack);
+        let message = js::describe_error(&self.ctx, &thrown, stack.as_ref(), 1, &fallback);
         RunError::new(ErrorCode::Error, message)
     }
 

@@ -58,19 +58,30 @@ impl RunGuard {
 
     /// The recorded fatal error, after checking every limit once more.
     pub(crate) fn check(&self) -> Option<RunError> {
-        self.should_stop();
+        self.should_stop_checking_stack();
         self.latched.borrow().clone()
     }
 
-    /// Called by the engine every 10,000 ticks and by the run loop: true ends the script.
+    /// Every limit, the stack band included. Called by the engine every 10,000
+    /// ticks, before a host function starts, and when the run ends.
+    pub(crate) fn should_stop_checking_stack(&self) -> bool {
+        if self.should_stop() {
+            return true;
+        }
+        if self.stack.borrow().as_ref().is_some_and(StackGuard::tripped) {
+            self.latch(RunError::new(ErrorCode::StackOverflow, "the script exceeded its stack limit"));
+            return true;
+        }
+        false
+    }
+
+    /// The cheap limits (latch, memory, abort, deadline), checked between jobs.
     pub(crate) fn should_stop(&self) -> bool {
         if self.latched.borrow().is_some() {
             return true;
         }
         if self.meter.exceeded() {
             self.latch(RunError::new(ErrorCode::MemoryLimit, "the script exceeded its memory limit"));
-        } else if self.stack.borrow().as_ref().is_some_and(StackGuard::tripped) {
-            self.latch(RunError::new(ErrorCode::StackOverflow, "the script exceeded its stack limit"));
         } else if self.abort.borrow().as_ref().is_some_and(|a| a.load(Ordering::Relaxed)) {
             self.latch(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"));
         } else if self.deadline.get().is_some_and(|d| Instant::now() >= d) {

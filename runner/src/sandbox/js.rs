@@ -109,6 +109,17 @@ pub(crate) fn new_error<'js>(
 /// a `__proto__` key stays an own property).
 pub(crate) fn parse_json<'js>(ctx: &Ctx<'js>, text: &str) -> Option<Value<'js>> {
     let raw = ctx.as_raw().as_ptr();
+    // Fast path: a string without escapes is its own contents.
+    if let Some(inner) = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
+        if !inner.bytes().any(|b| b == b'\\' || b == b'"' || b < 0x20) {
+            let value = unsafe { qjs::JS_NewStringLen(raw, inner.as_ptr().cast(), inner.len() as _) };
+            if unsafe { qjs::JS_IsException(value) } {
+                let _ = ctx.catch();
+                return None;
+            }
+            return Some(unsafe { Value::from_raw(ctx.clone(), value) });
+        }
+    }
     let input = CString::new(text).ok()?;
     unsafe {
         let value = qjs::JS_ParseJSON(raw, input.as_ptr(), text.len() as _, c"<host>".as_ptr());

@@ -12,7 +12,7 @@
 //! | `Date` | its ISO string (invalid dates are refused) |
 //! | `Map`, `Set`, typed arrays, proxies, promises, class instances other than plain objects | refused |
 //! | getters | refused (never invoked) |
-//! | cycles, nesting deeper than 256 | refused |
+//! | cycles, nesting deeper than 100 | refused |
 //! | lone surrogates in strings | U+FFFD |
 //! | array holes | `null` |
 //! | symbol-keyed and non-enumerable properties | skipped |
@@ -21,8 +21,9 @@ use rquickjs::{Ctx, Function, Value, function::This, qjs};
 use std::ffi::c_void;
 use std::fmt::Write as _;
 
-/// Deepest nesting accepted.
-pub(crate) const MAX_DEPTH: usize = 256;
+/// Deepest nesting accepted, in objects and arrays; below serde_json's own
+/// recursion limit (128) so every accepted value also parses on the host side.
+pub(crate) const MAX_DEPTH: usize = 100;
 
 /// Class ids of the few kinds of object the walker accepts.
 #[derive(Clone, Copy, Debug)]
@@ -188,6 +189,10 @@ impl<'a, 'js> Serializer<'a, 'js> {
             self.out.push_str("null");
         } else if value.is_string() {
             let text = js_string(self.raw, value.as_raw()).ok_or(SerializeError::Engine)?;
+            // Refused before escaping, which could multiply its size.
+            if self.out.len() + text.len() > self.limit {
+                return Err(SerializeError::TooLarge { limit: self.limit });
+            }
             write_json_string(&mut self.out, &text);
         } else if value.is_object() {
             self.object(value)?;
@@ -241,7 +246,7 @@ impl<'a, 'js> Serializer<'a, 'js> {
             return self.unsupported("a cycle");
         }
         if self.ancestors.len() >= MAX_DEPTH {
-            return self.unsupported("nesting deeper than 256 levels");
+            return self.unsupported("nesting deeper than 100 levels");
         }
         self.ancestors.push(ptr);
         let result = if class == self.classes.array { self.array(raw) } else { self.plain_object(raw) };
@@ -315,24 +320,21 @@ impl<'a, 'js> Serializer<'a, 'js> {
         let mut first = true;
         for &atom in atoms {
             let key = atom_string(self.raw, atom).ok_or(SerializeError::Engine)?;
+            let slot = self.own_property(raw, atom)?;
+            if matches!(&slot, Slot::Missing) || matches!(&slot, Slot::Data(v) if v.is_undefined()) {
+                continue;
+            }
+            if !first {
+                self.out.push(',');
+            }
+            first = false;
+            write_json_string(&mut self.out, &key);
+            self.out.push(':');
             self.path.push(Segment::Key(key));
-            match self.own_property(raw, atom)? {
+            match slot {
+                Slot::Accessor => self.unsupported("a getter")?,
+                Slot::Data(member) => self.value(&member)?,
                 Slot::Missing => {}
-                Slot::Accessor => self.unsupported("a getter").map(|_| ())?,
-                Slot::Data(member) => {
-                    if !member.is_undefined() {
-                        if !first {
-                            self.out.push(',');
-                        }
-                        first = false;
-                        if let Some(Segment::Key(key)) = self.path.last() {
-                            let key = key.clone();
-                            write_json_string(&mut self.out, &key);
-                        }
-                        self.out.push(':');
-                        self.value(&member)?;
-                    }
-                }
             }
             self.path.pop();
             self.check_size()?;

@@ -1,18 +1,19 @@
 //! Makes a stack overflow impossible for the script to swallow.
 //!
 //! QuickJS reports a stack overflow as a catchable `RangeError` and offers no
-//! hook when it happens. The runner therefore paints a guard band of the
-//! worker thread's stack around the engine's stack limit with a known pattern
-//! before the script runs. Only a call chain that reaches the limit (or comes
-//! within [`BAND_ABOVE`] bytes of it) writes there, so a changed word means the
-//! script exhausted its stack, caught or not.
+//! hook when it happens. The runner therefore sets the engine's own check
+//! well below the script's limit and paints a guard band of the worker
+//! thread's stack just below the script's limit with a known pattern before
+//! the script runs. Only a call chain (or one huge frame) that goes past the
+//! limit writes there, so a changed word means the script exhausted its stack,
+//! caught or not; the interrupt handler then ends the run.
 
-/// Bytes of the band above the engine's limit (inside the script's budget).
-pub(crate) const BAND_ABOVE: usize = 32 * 1024;
-/// Bytes of the band below the limit, where the engine's own error path runs.
-const BAND_BELOW: usize = 2 * 1024;
+/// Bytes of the band below the script's limit.
+const BAND_BELOW: usize = 32 * 1024;
+/// Bytes of the band above the limit, so that reaching the limit is enough.
+const BAND_ABOVE: usize = 1024;
 /// Distance between sampled words.
-const STRIDE: usize = 64;
+const STRIDE: usize = 128;
 const PATTERN: u64 = 0x5afe_57ac_c0de_f00d;
 
 /// A painted band of the current thread's stack.
