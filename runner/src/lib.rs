@@ -9,6 +9,7 @@ mod limits;
 mod outcome;
 mod sandbox;
 mod state;
+mod text;
 
 pub use error::{ErrorCode, RunError};
 pub use limits::{Limit, LimitError, LimitOverrides, Limits};

@@ -8,6 +8,7 @@ use crate::limits::{Limit, LimitOverrides, Limits};
 use crate::outcome::{Completion, Outcome, Resolution, Suspension};
 use crate::pool::Pool;
 use crate::state::{CallOutcome, ContinuationState, scope_hash, source_hash};
+use crate::text::clip;
 use base64::Engine as _;
 use resumable_host::{CancelSignal, HostFunctions};
 use serde_json::Value;
@@ -381,7 +382,7 @@ impl Runner {
                     state.ledger.get(i as usize - 1).is_some_and(|e| matches!(e.outcome, CallOutcome::Interrupted(_)))
                 })
                 .ok_or_else(|| {
-                    RunError::protocol(format!("unknown interruption id {:?}", clip(&resolution.interruption_id)))
+                    RunError::protocol(format!("unknown interruption id {:?}", clip(&resolution.interruption_id, 64)))
                 })?;
             if resolutions.insert(index, resolution.value.clone()).is_some() {
                 return Err(RunError::protocol(format!(
@@ -398,14 +399,6 @@ impl Runner {
             resolutions,
         })
     }
-}
-
-fn clip(s: &str) -> &str {
-    let mut end = s.len().min(64);
-    while !s.is_char_boundary(end) {
-        end -= 1;
-    }
-    &s[..end]
 }
 
 /// `interrupt-<k>` with k ≥ 1 in canonical decimal.

@@ -20,6 +20,7 @@ use crate::job::{Job, RawOutcome, WorkerMessage};
 use crate::limits::Limit;
 use crate::outcome::{ConsoleLevel, Interruption};
 use crate::state::{CallOutcome, LedgerEntry};
+use crate::text::{clip, truncate};
 use resumable_host::{CancelSignal, HostCallContext, HostError, HostFunctions, HostFuture, HostResult, Resume};
 use rquickjs::function::Rest;
 use rquickjs::promise::PromiseState;
@@ -408,16 +409,7 @@ fn console_write<'js>(ctx: &Ctx<'js>, env: &RunEnv<'js>, level: ConsoleLevel, ar
     let mut parts = Vec::with_capacity(args.len());
     for arg in args {
         let text = if arg.is_string() {
-            let mut text = js_string(raw, arg.as_raw()).unwrap_or_default();
-            if text.len() > CONSOLE_ARGUMENT_BYTES {
-                let mut cut = CONSOLE_ARGUMENT_BYTES;
-                while !text.is_char_boundary(cut) {
-                    cut -= 1;
-                }
-                text.truncate(cut);
-                text.push('…');
-            }
-            text
+            truncate(js_string(raw, arg.as_raw()).unwrap_or_default(), CONSOLE_ARGUMENT_BYTES)
         } else if arg.is_undefined() {
             "undefined".to_string()
         } else {
@@ -482,8 +474,8 @@ fn host_call<'js>(
             let message = format!(
                 "the script diverged from its continuation at host call {index}: recorded {}({}), now {function}({})",
                 entry.function,
-                clip(&entry.arguments),
-                clip(&arguments)
+                clip(&entry.arguments, 200),
+                clip(&arguments, 200)
             );
             drop(bridge);
             return Err(env.fatal(ctx, RunError::protocol(message)));
@@ -532,14 +524,6 @@ fn json_depth_exceeds(value: &Json, max: usize) -> bool {
         stack.extend(children.map(|child| (child, depth + 1)));
     }
     false
-}
-
-fn clip(text: &str) -> &str {
-    let mut end = text.len().min(200);
-    while !text.is_char_boundary(end) {
-        end -= 1;
-    }
-    &text[..end]
 }
 
 /// Drives one run to its outcome.

@@ -268,12 +268,14 @@ impl<'a, 'js> Serializer<'a, 'js> {
     }
 
     fn array(&mut self, raw: qjs::JSValue) -> Result<(), SerializeError> {
-        let length = own_data_property(self.raw, raw, unsafe { length_atom(self.raw) })
-            .and_then(|v| {
-                let value = unsafe { Value::from_raw(self.ctx.clone(), v) };
-                value.as_int().map(|i| i as f64).or_else(|| value.as_float())
-            })
-            .ok_or(SerializeError::Engine)?;
+        let atom = unsafe { length_atom(self.raw) };
+        let slot = self.own_property(raw, atom);
+        unsafe { qjs::JS_FreeAtom(self.raw, atom) };
+        let length = match slot? {
+            Slot::Data(v) => v.as_int().map(f64::from).or_else(|| v.as_float()),
+            _ => None,
+        }
+        .ok_or(SerializeError::Engine)?;
         let length = length as u64;
         // Every element takes at least one byte and one comma.
         if length.saturating_mul(2) > self.limit as u64 {
@@ -381,30 +383,6 @@ unsafe fn length_atom(ctx: *mut qjs::JSContext) -> qjs::JSAtom {
     unsafe { qjs::JS_NewAtomLen(ctx, c"length".as_ptr(), 6) }
 }
 
-/// Reads an own data property (never a getter); `None` when absent or an accessor.
-fn own_data_property(ctx: *mut qjs::JSContext, obj: qjs::JSValue, atom: qjs::JSAtom) -> Option<qjs::JSValue> {
-    let mut desc = qjs::JSPropertyDescriptor {
-        flags: 0,
-        value: qjs::JS_UNDEFINED,
-        getter: qjs::JS_UNDEFINED,
-        setter: qjs::JS_UNDEFINED,
-    };
-    let found = unsafe { qjs::JS_GetOwnProperty(ctx, &mut desc, obj, atom) };
-    unsafe { qjs::JS_FreeAtom(ctx, atom) };
-    if found != 1 {
-        return None;
-    }
-    unsafe {
-        qjs::JS_FreeValue(ctx, desc.getter);
-        qjs::JS_FreeValue(ctx, desc.setter);
-    }
-    if desc.flags & qjs::JS_PROP_GETSET as i32 != 0 {
-        unsafe { qjs::JS_FreeValue(ctx, desc.value) };
-        return None;
-    }
-    Some(desc.value)
-}
-
 /// Converts a JS string to UTF-8; lone surrogates become U+FFFD.
 pub(crate) fn js_string(ctx: *mut qjs::JSContext, value: qjs::JSValue) -> Option<String> {
     let mut len: qjs::size_t = 0;
@@ -412,10 +390,7 @@ pub(crate) fn js_string(ctx: *mut qjs::JSContext, value: qjs::JSValue) -> Option
     if ptr.is_null() {
         return None;
     }
-    let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, len as usize) };
-    let text = utf8_replacing_surrogates(bytes);
-    unsafe { qjs::JS_FreeCString(ctx, ptr) };
-    Some(text)
+    Some(take_c_string(ctx, ptr, len))
 }
 
 fn atom_string(ctx: *mut qjs::JSContext, atom: qjs::JSAtom) -> Option<String> {
@@ -424,10 +399,15 @@ fn atom_string(ctx: *mut qjs::JSContext, atom: qjs::JSAtom) -> Option<String> {
     if ptr.is_null() {
         return None;
     }
+    Some(take_c_string(ctx, ptr, len))
+}
+
+/// Copies an engine-owned C string (lone surrogates as U+FFFD) and frees it.
+fn take_c_string(ctx: *mut qjs::JSContext, ptr: *const std::ffi::c_char, len: qjs::size_t) -> String {
     let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, len as usize) };
     let text = utf8_replacing_surrogates(bytes);
     unsafe { qjs::JS_FreeCString(ctx, ptr) };
-    Some(text)
+    text
 }
 
 /// The engine encodes a lone surrogate as its 3-byte (WTF-8) form; each such
