@@ -191,3 +191,4 @@ impl BytecodeCache {
         }
     }
 }
+
