@@ -88,18 +88,23 @@ impl HostFunctions {
 
     /// "unknown host function x.y; available: a.b, a.c" (or "none are available").
     pub fn unknown_function_message(&self, full_name: &str) -> String {
-        if self.is_empty() {
-            format!("unknown host function {full_name}; none are available to this run")
-        } else {
-            let names: Vec<&str> = self.names().collect();
-            format!("unknown host function {full_name}; available: {}", names.join(", "))
-        }
+        unknown_function_message(full_name, self.names())
     }
 }
 
 impl fmt::Debug for HostFunctions {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_list().entries(self.names()).finish()
+    }
+}
+
+/// The message for a call of `full_name`, which is not among `available`.
+pub fn unknown_function_message<'a>(full_name: &str, available: impl Iterator<Item = &'a str>) -> String {
+    let names: Vec<&str> = available.collect();
+    if names.is_empty() {
+        format!("unknown host function {full_name}; none are available to this run")
+    } else {
+        format!("unknown host function {full_name}; available: {}", names.join(", "))
     }
 }
 

@@ -5,8 +5,8 @@ use serde::Serialize;
 use std::fmt;
 
 /// Stable error codes. The string form (`RUN_TIMEOUT`, …) is part of the API.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[serde(into = "&'static str")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
+#[serde(into = "&'static str", try_from = "String")]
 pub enum ErrorCode {
     /// Uncaught guest error or syntax error (or an internal failure, then retryable).
     Error,
@@ -14,6 +14,8 @@ pub enum ErrorCode {
     Aborted,
     /// The wall-clock limit was reached (also while waiting on host calls).
     Timeout,
+    /// The script used more CPU time than its limit.
+    CpuTimeout,
     /// The memory limit was reached.
     MemoryLimit,
     /// The stack limit was reached.
@@ -38,10 +40,11 @@ pub enum ErrorCode {
 
 impl ErrorCode {
     /// Every code, for documentation and tests.
-    pub const ALL: [ErrorCode; 13] = [
+    pub const ALL: [ErrorCode; 14] = [
         ErrorCode::Error,
         ErrorCode::Aborted,
         ErrorCode::Timeout,
+        ErrorCode::CpuTimeout,
         ErrorCode::MemoryLimit,
         ErrorCode::StackOverflow,
         ErrorCode::ConcurrencyLimit,
@@ -60,6 +63,7 @@ impl ErrorCode {
             ErrorCode::Error => "RUN_ERROR",
             ErrorCode::Aborted => "RUN_ABORTED",
             ErrorCode::Timeout => "RUN_TIMEOUT",
+            ErrorCode::CpuTimeout => "RUN_CPU_TIMEOUT",
             ErrorCode::MemoryLimit => "RUN_MEMORY_LIMIT",
             ErrorCode::StackOverflow => "RUN_STACK_OVERFLOW",
             ErrorCode::ConcurrencyLimit => "RUN_CONCURRENCY_LIMIT",
@@ -84,6 +88,14 @@ impl ErrorCode {
     }
 }
 
+impl TryFrom<String> for ErrorCode {
+    type Error = String;
+
+    fn try_from(code: String) -> Result<Self, String> {
+        ErrorCode::parse(&code).ok_or_else(|| format!("unknown error code {code:?}"))
+    }
+}
+
 impl From<ErrorCode> for &'static str {
     fn from(code: ErrorCode) -> Self {
         code.as_str()
@@ -97,7 +109,7 @@ impl fmt::Display for ErrorCode {
 }
 
 /// A failed run.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct RunError {
     /// Stable code.
     pub code: ErrorCode,
@@ -106,7 +118,7 @@ pub struct RunError {
     /// Whether running the same input again can succeed.
     pub retryable: bool,
     /// Console output captured before the failure.
-    #[serde(skip_serializing_if = "Vec::is_empty")]
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub console: Vec<ConsoleLine>,
 }
 

@@ -1,10 +1,12 @@
-//! What the caller hands a worker, and what comes back.
+//! What a worker executes, and what comes back.
 
 use crate::error::RunError;
 use crate::limits::Limits;
+use crate::link::HostLink;
 use crate::outcome::{ConsoleLine, Interruption};
 use crate::state::LedgerEntry;
-use resumable_host::{CancelSignal, HostFunctions, HostResult};
+use resumable_host::HostResult;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -15,19 +17,19 @@ use std::sync::mpsc;
 pub(crate) struct Job {
     pub source: Arc<str>,
     pub source_hash: [u8; 32],
-    pub host: HostFunctions,
+    /// Sorted full names of the host functions the script may call.
+    pub functions: Arc<[String]>,
     pub limits: Limits,
     pub replay: Replay,
-    pub tokio: tokio::runtime::Handle,
     pub inbox: mpsc::Receiver<WorkerMessage>,
-    pub inbox_sender: mpsc::Sender<WorkerMessage>,
     pub abort: Arc<AtomicBool>,
     pub can_interrupt: bool,
-    pub host_cancel: CancelSignal,
-    pub reply: tokio::sync::oneshot::Sender<Result<RawOutcome, RunError>>,
+    /// How host calls (and the consumption of a stored continuation) leave the worker.
+    pub link: Option<HostLink>,
 }
 
 /// The recorded past of the run (empty for a first run).
+#[derive(Serialize, Deserialize)]
 pub(crate) struct Replay {
     pub logical_run_id: Arc<str>,
     pub seed: u64,
@@ -39,13 +41,16 @@ pub(crate) struct Replay {
 
 /// Sent to the worker while a run executes.
 pub(crate) enum WorkerMessage {
-    /// A host call that was handed to the async runtime has finished.
+    /// A host call that is not settled inline has finished.
     Settled(u32, HostResult),
+    /// The answer to a request to consume a stored continuation.
+    Consumed(Result<(), RunError>),
     /// The caller gave up on the run.
     Abort,
 }
 
 /// A run's result before its continuation is encoded.
+#[derive(Serialize, Deserialize)]
 pub(crate) enum RawOutcome {
     Completed { value: Value, console: Vec<ConsoleLine> },
     Interrupted { ledger: Vec<LedgerEntry>, interruptions: Vec<Interruption>, console: Vec<ConsoleLine> },

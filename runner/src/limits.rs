@@ -12,6 +12,8 @@ const GIB: u64 = 1024 * MIB;
 pub enum Limit {
     /// Wall-clock time of the whole run, host calls included (milliseconds).
     Timeout,
+    /// CPU time the script itself uses, waits on host calls excluded (milliseconds).
+    CpuTime,
     /// Memory of the JavaScript heap (bytes).
     Memory,
     /// JavaScript stack (bytes).
@@ -36,8 +38,9 @@ pub enum Limit {
 
 impl Limit {
     /// Every limit, in table order.
-    pub const ALL: [Limit; 11] = [
+    pub const ALL: [Limit; 12] = [
         Limit::Timeout,
+        Limit::CpuTime,
         Limit::Memory,
         Limit::Stack,
         Limit::Source,
@@ -54,6 +57,7 @@ impl Limit {
     pub const fn key(self) -> &'static str {
         match self {
             Limit::Timeout => "timeout_ms",
+            Limit::CpuTime => "cpu_time_ms",
             Limit::Memory => "memory_bytes",
             Limit::Stack => "stack_bytes",
             Limit::Source => "source_bytes",
@@ -71,6 +75,7 @@ impl Limit {
     pub const fn default_value(self) -> u64 {
         match self {
             Limit::Timeout => 30_000,
+            Limit::CpuTime => 10_000,
             Limit::Memory => 64 * MIB,
             Limit::Stack => MIB,
             Limit::Source => 256 * KIB,
@@ -96,7 +101,7 @@ impl Limit {
     /// Largest accepted value.
     pub const fn max(self) -> u64 {
         match self {
-            Limit::Timeout => 24 * 60 * 60 * 1000,
+            Limit::Timeout | Limit::CpuTime => 24 * 60 * 60 * 1000,
             Limit::Memory => 4 * GIB,
             Limit::Stack => MAX_STACK_BYTES as u64,
             Limit::Source => 16 * MIB,
@@ -149,9 +154,9 @@ impl fmt::Display for LimitError {
 impl std::error::Error for LimitError {}
 
 /// A complete, validated set of limits.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Limits {
-    values: [u64; 11],
+    values: [u64; 12],
 }
 
 impl Default for Limits {
@@ -178,6 +183,11 @@ impl Limits {
         Ok(self)
     }
 
+    /// The CPU-time limit as a duration.
+    pub fn cpu_time(&self) -> Duration {
+        Duration::from_millis(self.get(Limit::CpuTime))
+    }
+
     /// The timeout as a duration.
     pub fn timeout(&self) -> Duration {
         Duration::from_millis(self.get(Limit::Timeout))
@@ -202,7 +212,7 @@ impl Limits {
 /// Per-run changes to a runner's limits; each value validated when set.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct LimitOverrides {
-    values: [Option<u64>; 11],
+    values: [Option<u64>; 12],
 }
 
 impl LimitOverrides {

@@ -62,7 +62,7 @@ pub struct Suspension {
 }
 
 /// A host call waiting for a decision.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
 pub struct Interruption {
     /// `interrupt-<k>`, k being the 1-based call index; stable across resumes.
     pub id: String,
@@ -91,7 +91,7 @@ impl Resolution {
 }
 
 /// Severity of a console line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ConsoleLevel {
     /// `console.log` and `console.debug`.
@@ -107,7 +107,7 @@ pub enum ConsoleLevel {
 }
 
 /// One captured console call.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, serde::Deserialize)]
 pub struct ConsoleLine {
     /// Which method wrote it.
     pub level: ConsoleLevel,

@@ -1,7 +1,7 @@
 //! Worker threads that own the engines, fed by a bounded queue.
 
 use crate::error::{ErrorCode, RunError};
-use crate::job::Job;
+use crate::job::{Job, RawOutcome};
 use crate::limits::MAX_STACK_BYTES;
 use crate::sandbox::Engine;
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
@@ -9,14 +9,20 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
 use std::thread;
 
+/// A job and where its answer goes.
+pub(crate) struct Task {
+    pub job: Job,
+    pub reply: tokio::sync::oneshot::Sender<Result<RawOutcome, RunError>>,
+}
+
 /// A fixed set of worker threads.
 pub(crate) struct Pool {
-    queue: Sender<Job>,
+    queue: Sender<Task>,
 }
 
 impl Pool {
     pub(crate) fn new(workers: usize, queue_capacity: usize) -> Result<Pool, String> {
-        let (queue, jobs) = bounded::<Job>(queue_capacity);
+        let (queue, jobs) = bounded::<Task>(queue_capacity);
         for index in 0..workers {
             let jobs = jobs.clone();
             thread::Builder::new()
@@ -29,8 +35,8 @@ impl Pool {
     }
 
     /// Queues a job; a full queue is `RUN_CONCURRENCY_LIMIT`.
-    pub(crate) fn submit(&self, job: Job) -> Result<(), RunError> {
-        match self.queue.try_send(job) {
+    pub(crate) fn submit(&self, task: Task) -> Result<(), RunError> {
+        match self.queue.try_send(task) {
             Ok(()) => Ok(()),
             Err(TrySendError::Full(_)) => Err(RunError::new(
                 ErrorCode::ConcurrencyLimit,
@@ -41,7 +47,7 @@ impl Pool {
     }
 }
 
-fn work(jobs: Receiver<Job>) {
+fn work(jobs: Receiver<Task>) {
     let mut engine: Option<Engine> = None;
     loop {
         if engine.is_none() {
@@ -52,7 +58,7 @@ fn work(jobs: Receiver<Job>) {
                 engine.prepare_spare();
             }
         }
-        let Ok(mut job) = jobs.recv() else { return };
+        let Ok(Task { mut job, reply }) = jobs.recv() else { return };
         let result = if job.abort.load(Ordering::SeqCst) {
             Err(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"))
         } else {
@@ -64,7 +70,7 @@ fn work(jobs: Receiver<Job>) {
                 }),
             }
         };
-        let _ = job.reply.send(result);
+        let _ = reply.send(result);
         // Teardown happens after the caller has its answer.
         match engine.as_mut() {
             Some(current) if current.poisoned => engine = None,

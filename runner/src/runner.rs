@@ -1,12 +1,15 @@
 //! The public entry point: a [`Runner`] executes [`RunRequest`]s.
 
-use crate::codec::SignedCodec;
+use crate::continuation::{Claim, ContinuationCodec, Inspection};
 use crate::determinism::{fresh_seed, wall_clock_ms};
 use crate::error::{ErrorCode, RunError};
 use crate::job::{Job, RawOutcome, Replay, WorkerMessage};
 use crate::limits::{Limit, LimitOverrides, Limits};
+use crate::link::{HostLink, LocalHost};
 use crate::outcome::{Completion, Outcome, Resolution, Suspension};
-use crate::pool::Pool;
+use crate::pool::{Pool, Task};
+use crate::process::protocol::JobSpec;
+use crate::process::{ProcessConfig, ProcessPool};
 use crate::state::{CallOutcome, ContinuationState, scope_hash, source_hash};
 use crate::text::clip;
 use base64::Engine as _;
@@ -17,7 +20,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 /// Audience used when a request names none.
 pub const DEFAULT_AUDIENCE: &str = "default";
@@ -28,12 +31,19 @@ pub struct RunnerConfig {
     workers: usize,
     queue_capacity: usize,
     limits: Limits,
-    codec: Option<SignedCodec>,
+    codec: Option<ContinuationCodec>,
+    processes: Option<ProcessConfig>,
 }
 
 impl Default for RunnerConfig {
     fn default() -> Self {
-        RunnerConfig { workers: thread_count(), queue_capacity: 1024, limits: Limits::default(), codec: None }
+        RunnerConfig {
+            workers: thread_count(),
+            queue_capacity: 1024,
+            limits: Limits::default(),
+            codec: None,
+            processes: None,
+        }
     }
 }
 
@@ -65,10 +75,19 @@ impl RunnerConfig {
         self
     }
 
-    /// The codec that signs and verifies continuations. Without one, scripts
-    /// that never interrupt still run; an interrupt fails with `RUN_CONFIGURATION_ERROR`.
-    pub fn codec(mut self, codec: SignedCodec) -> Self {
-        self.codec = Some(codec);
+    /// Runs scripts in killable worker processes instead of threads of this
+    /// process (see [`ProcessConfig`]). Choose processes for scripts you do not
+    /// trust; threads start faster and suit trusted, embedded use.
+    pub fn processes(mut self, config: ProcessConfig) -> Self {
+        self.processes = Some(config);
+        self
+    }
+
+    /// The codec that turns continuations into tokens (signed, sealed or stored).
+    /// Without one, scripts that never interrupt still run; an interrupt fails
+    /// with `RUN_CONFIGURATION_ERROR`.
+    pub fn codec(mut self, codec: impl Into<ContinuationCodec>) -> Self {
+        self.codec = Some(codec.into());
         self
     }
 }
@@ -175,16 +194,23 @@ impl RunRequest {
     }
 }
 
-/// Runs scripts on a pool of worker threads. Cheap to clone; share one per process.
+/// Runs scripts on a pool of worker threads or worker processes. Cheap to
+/// clone; share one per process.
 #[derive(Clone)]
 pub struct Runner {
     inner: Arc<Inner>,
 }
 
+/// Where scripts execute.
+enum Backend {
+    Threads(Pool),
+    Processes(ProcessPool),
+}
+
 struct Inner {
-    pool: Pool,
+    backend: Backend,
     limits: Limits,
-    codec: Option<SignedCodec>,
+    codec: Option<ContinuationCodec>,
 }
 
 impl fmt::Debug for Runner {
@@ -205,8 +231,16 @@ impl Runner {
                 config.queue_capacity
             )));
         }
-        let pool = Pool::new(config.workers, config.queue_capacity).map_err(ConfigError)?;
-        Ok(Runner { inner: Arc::new(Inner { pool, limits: config.limits, codec: config.codec }) })
+        let backend = match config.processes {
+            None => Backend::Threads(Pool::new(config.workers, config.queue_capacity).map_err(ConfigError)?),
+            Some(processes) => {
+                if !processes.program.exists() {
+                    return Err(ConfigError(format!("worker program {} does not exist", processes.program.display())));
+                }
+                Backend::Processes(ProcessPool::new(processes, config.workers, config.queue_capacity))
+            }
+        };
+        Ok(Runner { inner: Arc::new(Inner { backend, limits: config.limits, codec: config.codec }) })
     }
 
     /// The runner's default limits.
@@ -233,30 +267,105 @@ impl Runner {
         })?;
         let source_hash = source_hash(&request.source);
         let scope = scope_hash(&request.audience, request.host.names(), &request.context, &source_hash);
-        let replay = self.replay(&request, &limits, &source_hash, &scope)?;
+        let (replay, claim) = self.replay(&request, &limits, &source_hash, &scope).await?;
+        let result = self.execute(&request, limits, tokio, source_hash, scope, replay, claim.clone()).await;
+        if let Some(claim) = claim {
+            claim.release_unless_consumed().await;
+        }
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn execute(
+        &self,
+        request: &RunRequest,
+        limits: Limits,
+        tokio: tokio::runtime::Handle,
+        source_hash: [u8; 32],
+        scope: [u8; 32],
+        replay: Replay,
+        claim: Option<Arc<Claim>>,
+    ) -> Result<Outcome, RunError> {
         let seed = replay.seed;
         let start_clock = replay.start_clock;
         let logical_run_id = replay.logical_run_id.clone();
 
+        let raw = match &self.inner.backend {
+            Backend::Threads(pool) => {
+                self.run_on_thread(pool, request, limits, tokio, source_hash, replay, claim).await
+            }
+            Backend::Processes(pool) => {
+                let spec = JobSpec {
+                    source: request.source.clone(),
+                    source_hash,
+                    functions: request.host.names().map(str::to_string).collect(),
+                    limits,
+                    replay,
+                    can_interrupt: self.inner.codec.is_some(),
+                    has_claim: claim.is_some(),
+                };
+                let cancel = request.cancel.clone().unwrap_or_default();
+                pool.run(spec, request.host.clone(), claim, cancel).await
+            }
+        };
+        match raw? {
+            RawOutcome::Completed { value, console } => Ok(Outcome::Completed(Completion { value, console })),
+            RawOutcome::Interrupted { ledger, interruptions, console } => {
+                let state = ContinuationState {
+                    source_hash,
+                    scope_hash: scope,
+                    logical_run_id: logical_run_id.to_string(),
+                    seed,
+                    start_clock,
+                    ledger,
+                };
+                let codec = self.inner.codec.as_ref().ok_or_else(no_codec)?;
+                let continuation = codec.issue(&state, &request.audience, &limits).await?;
+                Ok(Outcome::Interrupted(Suspension {
+                    interruptions,
+                    continuation,
+                    logical_run_id: logical_run_id.to_string(),
+                    console,
+                }))
+            }
+        }
+    }
+
+    /// Runs a job on a worker thread of this process.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_on_thread(
+        &self,
+        pool: &Pool,
+        request: &RunRequest,
+        limits: Limits,
+        tokio: tokio::runtime::Handle,
+        source_hash: [u8; 32],
+        replay: Replay,
+        claim: Option<Arc<Claim>>,
+    ) -> Result<RawOutcome, RunError> {
         let (reply, mut answer) = tokio::sync::oneshot::channel();
         let (inbox_sender, inbox) = mpsc::channel();
         let abort = Arc::new(AtomicBool::new(false));
-        let host_cancel = CancelSignal::new();
+        let link = HostLink::Local(LocalHost {
+            functions: request.host.clone(),
+            tokio,
+            inbox: inbox_sender.clone(),
+            cancel: CancelSignal::new(),
+            claim,
+            tasks: Default::default(),
+        });
         let job = Job {
             source: request.source.clone(),
             source_hash,
-            host: request.host.clone(),
+            functions: request.host.names().map(str::to_string).collect(),
             limits,
             replay,
-            tokio,
             inbox,
-            inbox_sender: inbox_sender.clone(),
             abort: abort.clone(),
             can_interrupt: self.inner.codec.is_some(),
-            host_cancel,
-            reply,
+            link: Some(link),
         };
-        self.inner.pool.submit(job)?;
+        pool.submit(Task { job, reply })?;
         let mut stop = StopOnDrop { abort, inbox: inbox_sender, armed: true };
         let cancel = request.cancel.clone().unwrap_or_default();
         // A worker stuck in one long native operation cannot be interrupted in
@@ -277,128 +386,109 @@ impl Runner {
             }
         };
         stop.armed = false;
-        match result? {
-            RawOutcome::Completed { value, console } => Ok(Outcome::Completed(Completion { value, console })),
-            RawOutcome::Interrupted { ledger, interruptions, console } => {
-                let state = ContinuationState {
-                    source_hash,
-                    scope_hash: scope,
-                    logical_run_id: logical_run_id.to_string(),
-                    seed,
-                    start_clock,
-                    ledger,
-                };
-                let continuation = self.encode(&state, &request.audience, &limits)?;
-                Ok(Outcome::Interrupted(Suspension {
-                    interruptions,
-                    continuation,
-                    logical_run_id: logical_run_id.to_string(),
-                    console,
-                }))
-            }
-        }
+        result
     }
 
-    fn encode(&self, state: &ContinuationState, audience: &str, limits: &Limits) -> Result<String, RunError> {
-        let codec = self.inner.codec.as_ref().ok_or_else(|| {
-            RunError::new(
-                ErrorCode::ConfigurationError,
-                "the run interrupted but the runner has no continuation secret",
-            )
-        })?;
-        let token = codec.encode(&state.encode(), audience, SystemTime::now());
-        let limit = limits.get(Limit::Continuation);
-        if token.len() as u64 > limit {
-            return Err(RunError::new(
-                ErrorCode::SerializationError,
-                format!("the continuation is {} bytes, over the limit of {limit}", token.len()),
-            ));
-        }
-        Ok(token)
+    /// Verifies `token` (signature, expiry, store state) and describes its pending
+    /// interruptions without consuming anything.
+    pub async fn inspect(&self, token: &str) -> Result<Inspection, RunError> {
+        self.inner.codec.as_ref().ok_or_else(no_codec)?.inspect(token).await
     }
 
-    /// Verifies the continuation and resolutions, or starts a fresh history.
-    fn replay(
+    /// Verifies the continuation and resolutions (claiming a stored token), or
+    /// starts a fresh history.
+    async fn replay(
         &self,
         request: &RunRequest,
         limits: &Limits,
         source: &[u8; 32],
         scope: &[u8; 32],
-    ) -> Result<Replay, RunError> {
+    ) -> Result<(Replay, Option<Arc<Claim>>), RunError> {
         let Some(token) = &request.continuation else {
-            if !request.resolutions.is_empty() {
-                return Err(RunError::protocol("resolutions were given without a continuation"));
-            }
-            let logical_run_id = match &request.logical_run_id {
-                Some(id) if !id.is_empty() && id.len() <= 256 => id.clone(),
-                Some(_) => {
-                    return Err(RunError::new(
-                        ErrorCode::ConfigurationError,
-                        "a logical run id must be 1 to 256 bytes",
-                    ));
-                }
-                None => new_run_id(),
-            };
-            return Ok(Replay {
-                logical_run_id: logical_run_id.into(),
-                seed: fresh_seed(),
-                start_clock: wall_clock_ms(),
-                ledger: Vec::new(),
-                resolutions: HashMap::new(),
-            });
+            return Ok((fresh_replay(request)?, None));
         };
-        let codec = self.inner.codec.as_ref().ok_or_else(|| {
-            RunError::new(
-                ErrorCode::ConfigurationError,
-                "a continuation was given but the runner has no continuation secret",
-            )
-        })?;
-        if token.len() as u64 > limits.get(Limit::Continuation) {
-            return Err(RunError::protocol("continuation rejected: token is larger than the continuation limit"));
-        }
-        let bytes = codec
-            .decode(token, &request.audience, SystemTime::now())
-            .map_err(|e| RunError::protocol(format!("{e} ({})", e.reason.as_str())))?;
-        let state =
-            ContinuationState::decode(&bytes).map_err(|e| RunError::protocol(format!("continuation rejected: {e}")))?;
-        if &state.source_hash != source {
-            return Err(RunError::protocol("continuation rejected: it was made for a different source"));
-        }
-        if &state.scope_hash != scope {
-            return Err(RunError::protocol(
-                "continuation rejected: it was made for a different scope (audience, context or host functions)",
-            ));
-        }
-        if state.ledger.len() as u64 > limits.get(Limit::HostCalls) {
-            return Err(RunError::new(
-                ErrorCode::BridgeLimit,
-                "the continuation records more host calls than the limit",
-            ));
-        }
-        let mut resolutions = HashMap::new();
-        for resolution in &request.resolutions {
-            let index = parse_interruption_id(&resolution.interruption_id)
-                .filter(|&i| {
-                    state.ledger.get(i as usize - 1).is_some_and(|e| matches!(e.outcome, CallOutcome::Interrupted(_)))
-                })
-                .ok_or_else(|| {
-                    RunError::protocol(format!("unknown interruption id {:?}", clip(&resolution.interruption_id, 64)))
-                })?;
-            if resolutions.insert(index, resolution.value.clone()).is_some() {
-                return Err(RunError::protocol(format!(
-                    "interruption {} is resolved twice",
-                    resolution.interruption_id
-                )));
+        let codec = self.inner.codec.as_ref().ok_or_else(no_codec)?;
+        let opened = codec.open(token, &request.audience, limits).await?;
+        match resumed_replay(opened.state, request, limits, source, scope) {
+            Ok(replay) => Ok((replay, opened.claim)),
+            Err(error) => {
+                if let Some(claim) = opened.claim {
+                    claim.release_unless_consumed().await;
+                }
+                Err(error)
             }
         }
-        Ok(Replay {
-            logical_run_id: state.logical_run_id.into(),
-            seed: state.seed,
-            start_clock: state.start_clock,
-            ledger: state.ledger,
-            resolutions,
-        })
     }
+}
+
+fn no_codec() -> RunError {
+    RunError::new(
+        ErrorCode::ConfigurationError,
+        "the run needs a continuation, but the runner has no continuation codec (secret or store) configured",
+    )
+}
+
+/// The history of a first run.
+fn fresh_replay(request: &RunRequest) -> Result<Replay, RunError> {
+    if !request.resolutions.is_empty() {
+        return Err(RunError::protocol("resolutions were given without a continuation"));
+    }
+    let logical_run_id = match &request.logical_run_id {
+        Some(id) if !id.is_empty() && id.len() <= 256 => id.clone(),
+        Some(_) => {
+            return Err(RunError::new(ErrorCode::ConfigurationError, "a logical run id must be 1 to 256 bytes"));
+        }
+        None => new_run_id(),
+    };
+    Ok(Replay {
+        logical_run_id: logical_run_id.into(),
+        seed: fresh_seed(),
+        start_clock: wall_clock_ms(),
+        ledger: Vec::new(),
+        resolutions: HashMap::new(),
+    })
+}
+
+/// Checks a decoded continuation against this request: same source and scope,
+/// and resolutions that each answer one pending interruption.
+fn resumed_replay(
+    state: ContinuationState,
+    request: &RunRequest,
+    limits: &Limits,
+    source: &[u8; 32],
+    scope: &[u8; 32],
+) -> Result<Replay, RunError> {
+    if &state.source_hash != source {
+        return Err(RunError::protocol("continuation rejected: it was made for a different source"));
+    }
+    if &state.scope_hash != scope {
+        return Err(RunError::protocol(
+            "continuation rejected: it was made for a different scope (audience, context or host functions)",
+        ));
+    }
+    if state.ledger.len() as u64 > limits.get(Limit::HostCalls) {
+        return Err(RunError::new(ErrorCode::BridgeLimit, "the continuation records more host calls than the limit"));
+    }
+    let mut resolutions = HashMap::new();
+    for resolution in &request.resolutions {
+        let index = parse_interruption_id(&resolution.interruption_id)
+            .filter(|&i| {
+                state.ledger.get(i as usize - 1).is_some_and(|e| matches!(e.outcome, CallOutcome::Interrupted(_)))
+            })
+            .ok_or_else(|| {
+                RunError::protocol(format!("unknown interruption id {:?}", clip(&resolution.interruption_id, 64)))
+            })?;
+        if resolutions.insert(index, resolution.value.clone()).is_some() {
+            return Err(RunError::protocol(format!("interruption {} is resolved twice", resolution.interruption_id)));
+        }
+    }
+    Ok(Replay {
+        logical_run_id: state.logical_run_id.into(),
+        seed: state.seed,
+        start_clock: state.start_clock,
+        ledger: state.ledger,
+        resolutions,
+    })
 }
 
 /// `interrupt-<k>` with k ≥ 1 in canonical decimal.

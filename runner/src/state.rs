@@ -15,7 +15,7 @@ pub(crate) const STATE_VERSION: u32 = 1;
 const MAGIC: &[u8; 4] = b"RSv1";
 
 /// How one host call ended.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum CallOutcome {
     /// Resolved with this JSON text.
     Fulfilled(String),
@@ -26,7 +26,7 @@ pub(crate) enum CallOutcome {
 }
 
 /// One recorded host call.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct LedgerEntry {
     /// Full function name.
     pub function: String,
@@ -51,6 +51,11 @@ pub(crate) struct ContinuationState {
 }
 
 impl ContinuationState {
+    /// The calls still waiting for a decision, by call index.
+    pub(crate) fn pending_interruptions(&self) -> Result<Vec<crate::outcome::Interruption>, String> {
+        pending_interruptions(&self.ledger)
+    }
+
     pub(crate) fn encode(&self) -> Vec<u8> {
         let payload: usize = self.ledger.iter().map(|e| e.function.len() + e.arguments.len() + 64).sum();
         let mut w = Writer(Vec::with_capacity(payload + 128));
@@ -166,6 +171,22 @@ impl ContinuationState {
         }
         Ok(ContinuationState { source_hash, scope_hash, logical_run_id, seed, start_clock, ledger })
     }
+}
+
+/// Every interrupted call of `ledger`, described for whoever decides.
+pub(crate) fn pending_interruptions(ledger: &[LedgerEntry]) -> Result<Vec<crate::outcome::Interruption>, String> {
+    let mut out = Vec::new();
+    for (i, entry) in ledger.iter().enumerate() {
+        let CallOutcome::Interrupted(payload) = &entry.outcome else { continue };
+        let unreadable = |e: serde_json::Error| format!("call {} cannot be described: {e}", i + 1);
+        out.push(crate::outcome::Interruption {
+            id: format!("interrupt-{}", i + 1),
+            function: entry.function.clone(),
+            arguments: serde_json::from_str(&entry.arguments).map_err(unreadable)?,
+            payload: serde_json::from_str(payload).map_err(unreadable)?,
+        });
+    }
+    Ok(out)
 }
 
 fn check_function_name(name: &str) -> Result<(), String> {

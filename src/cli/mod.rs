@@ -1,5 +1,6 @@
 //! The command line: a top-level parser with one subcommand per task.
 
+mod inspect;
 mod report;
 mod run;
 
@@ -33,6 +34,11 @@ pub enum Command {
     /// Run a script in the sandbox and print its outcome as one JSON line.
     #[command(long_about = run::RUN_LONG_ABOUT)]
     Run(run::RunArgs),
+    /// Verify a continuation token and show its pending interruptions, expiry and run id.
+    Inspect(inspect::InspectArgs),
+    /// Serve runs on stdin/stdout as a worker process (started by the runner itself).
+    #[command(name = "__worker", hide = true)]
+    Worker,
 }
 
 impl Cli {
@@ -40,6 +46,8 @@ impl Cli {
     pub fn execute(self) -> ExitCode {
         match self.command {
             Command::Run(args) => run::execute(args),
+            Command::Inspect(args) => inspect::execute(args),
+            Command::Worker => resumable::runner::process::serve_worker(),
         }
     }
 }

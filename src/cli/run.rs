@@ -4,6 +4,7 @@ use super::report::print_outcome;
 use super::usage_error;
 use clap::Args;
 use resumable::runner::LimitError;
+use resumable::runner::process::ProcessConfig;
 use resumable::{Limit, LimitOverrides, Outcome, RunError, RunRequest, Runner, RunnerConfig};
 use serde_json::Value;
 use std::io::Read;
@@ -88,11 +89,15 @@ pub fn execute(args: RunArgs) -> ExitCode {
 fn run_once(request: RunRequest) -> Result<Outcome, RunError> {
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
-        .enable_time()
+        .enable_all()
         .build()
         .map_err(|err| RunError::internal(format!("cannot start the async runtime: {err}")))?;
     // A script with no host functions cannot interrupt, so no continuation secret is needed.
-    let runner = Runner::new(RunnerConfig::new().workers(1)).map_err(|err| RunError::internal(err.0))?;
+    // Scripts run in a killable worker process: this same program, as `resumable __worker`.
+    let processes = ProcessConfig::current_exe()
+        .map_err(|err| RunError::internal(format!("cannot find this program to start a worker: {err}")))?;
+    let runner =
+        Runner::new(RunnerConfig::new().workers(1).processes(processes)).map_err(|err| RunError::internal(err.0))?;
     tokio.block_on(runner.run(request))
 }
 

@@ -2,11 +2,21 @@
 //!
 //! A continuation is the serialized state of a paused run. The runner hands it to an
 //! untrusted party (a browser, an approval service, ...) and gets it back later to resume.
-//! A codec turns the state bytes into a tamper-proof token and back.
+//! A codec turns the state bytes into a tamper-proof token and back. Two codecs have the
+//! same API and are built from the same [`CodecConfig`]:
+//!
+//! * [`SignedCodec`] authenticates the state (HMAC-SHA256); anyone holding a token can read
+//!   the state.
+//! * [`SealedCodec`] encrypts and authenticates it (AES-256-GCM); the state stays secret.
+//!
+//! The runner shrinks the state with [`compress()`] before encoding and restores it with
+//! [`decompress()`] after decoding (see [the `compress` module](mod@compress) for the format
+//! and the measured level).
 //!
 //! # The signed codec
 //!
-//! [`SignedCodec`] authenticates (but does not encrypt) the state with HMAC-SHA256.
+//! [`SignedCodec`] authenticates (but does not encrypt) the state with HMAC-SHA256, keyed
+//! with the configured secret as is.
 //!
 //! ## Token format
 //!
@@ -50,11 +60,73 @@
 //!    is [`TokenRejection::TooOld`].
 //!
 //! Decoding never panics, whatever the input.
+//!
+//! # The sealed codec
+//!
+//! [`SealedCodec`] encrypts and authenticates the state with AES-256-GCM.
+//!
+//! ## Token format
+//!
+//! Two base64url parts (same strict rules as above) joined by `.`:
+//!
+//! ```text
+//! header.sealed
+//! ```
+//!
+//! * `header` encodes the same canonical JSON header as the signed codec, with
+//!   `"alg":"A256GCM"`. It stays readable (audience, times and nonce are not secret: the
+//!   holder of a token is normally the party it was issued to); it is authenticated, and a
+//!   caller that wants to hide the audience can use an opaque identifier as audience.
+//! * `sealed` encodes `ciphertext || tag`: the state encrypted with AES-256-GCM (same length
+//!   as the state, so the length is not hidden) followed by the 16-byte tag. The associated data is the ASCII of the
+//!   `header` part exactly as it appears in the token, so any change to the header fails
+//!   authentication.
+//!
+//! ## Keys
+//!
+//! * Master key, per configured secret: `PRK = HKDF-Extract(salt =
+//!   "resumable-continuation/sealed/v1/hkdf-salt", secret)` (HKDF-SHA256, RFC 5869). The
+//!   signed codec never derives keys with HKDF, so configuring both codecs with the same
+//!   secret does not make them share key material.
+//! * Per token: `HKDF-Expand(PRK, "resumable-continuation/sealed/v1/A256GCM/token-key-and-nonce"
+//!   || SHA-256(header_part), 44)`; the first 32 bytes are the AES-256 key, the last 12 the
+//!   GCM nonce. The header carries 128 random bits (`nonce`), so every token has its own key
+//!   and nonce. This is stronger than a random 96-bit GCM nonce under one long-lived key,
+//!   whose collision risk caps the number of tokens per key at about 2^32; here the limit is
+//!   a collision of 128-bit nonces. Deriving from the header's bytes rather than from the
+//!   parsed `nonce` keeps the rule that nothing is parsed before authentication.
+//! * Rotation: tokens are sealed under the current secret; a token is opened under the
+//!   current secret, then each previous secret in order.
+//!
+//! AES-256-GCM rather than ChaCha20-Poly1305: `ring` runs it on the AES-NI and carry-less
+//! multiplication instructions of the x86-64 machines this project runs on, measured at
+//! 0.07 ms to seal or open the 418 KB compressed benchmark state against 0.18 ms for
+//! ChaCha20-Poly1305. The per-token key and nonce remove GCM's nonce-reuse concern, and
+//! `ring` falls back to constant-time code on CPUs without AES instructions.
+//!
+//! ## Verification order
+//!
+//! As for the signed codec, with step 2 requiring exactly two strict base64url parts and a
+//! `sealed` part of at least 16 bytes, and step 3 being decryption: a token that does not
+//! decrypt and authenticate under the current secret or any previous secret is
+//! [`TokenRejection::BadSignature`]. The header is parsed only after authentication.
+//! Decoding never panics, whatever the input.
 
+pub mod compress;
+mod config;
+mod envelope;
 mod error;
+mod sealed;
 mod signed;
 
+pub use compress::{DecompressError, compress, decompress};
+pub use config::CodecConfig;
+pub use envelope::{MIN_SECRET_BYTES, TOKEN_FORMAT, TOKEN_VERSION, TokenHeader};
 pub use error::{CodecConfigError, TokenError, TokenRejection};
-pub use signed::{
-    MIN_SECRET_BYTES, SignedCodec, SignedCodecConfig, TOKEN_ALGORITHM, TOKEN_FORMAT, TOKEN_VERSION, TokenHeader,
-};
+pub use sealed::{SEALED_TOKEN_ALGORITHM, SealedCodec, SealedCodecConfig};
+pub use signed::{SignedCodec, SignedCodecConfig, TOKEN_ALGORITHM};
+
+#[cfg(test)]
+mod test_util;
+#[cfg(test)]
+mod tests;

@@ -18,10 +18,11 @@ use crate::determinism::{SeededRandom, wall_clock_ms};
 use crate::error::{ErrorCode, RunError};
 use crate::job::{Job, RawOutcome, WorkerMessage};
 use crate::limits::Limit;
-use crate::outcome::{ConsoleLevel, Interruption};
+use crate::link::{CallRequest, HostLink};
+use crate::outcome::ConsoleLevel;
 use crate::state::{CallOutcome, LedgerEntry};
 use crate::text::{clip, truncate};
-use resumable_host::{CancelSignal, HostCallContext, HostError, HostFunctions, HostFuture, HostResult, Resume};
+use resumable_host::{HostError, HostResult, Resume, unknown_function_message};
 use rquickjs::function::Rest;
 use rquickjs::promise::PromiseState;
 use rquickjs::{Ctx, Function, Object, Promise, Value, qjs};
@@ -29,13 +30,9 @@ use serde_json::Value as Json;
 use std::cell::RefCell;
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ffi::c_void;
-use std::future::Future;
-use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::pin::Pin;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::mpsc::RecvTimeoutError;
-use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
 
 /// Room beyond twice the stack limit before the engine's own check refuses a frame.
@@ -62,7 +59,7 @@ pub(crate) fn execute(engine: &mut Engine, job: &mut Job) -> Result<RawOutcome, 
         qjs::JS_SetMaxStackSize(runtime, (2 * stack_size + ENGINE_STACK_SLACK) as _);
         StackGuard::paint(stack_pointer() - stack_size)
     };
-    engine.guard.arm(deadline, job.abort.clone(), stack);
+    engine.guard.arm(deadline, job.limits.cpu_time(), job.abort.clone(), stack);
     realm.shared.clock.set(job.replay.start_clock);
     *realm.shared.rng.borrow_mut() = SeededRandom::new(job.replay.seed);
     let budget = job.limits.usize(Limit::Memory);
@@ -92,7 +89,7 @@ fn run_in_realm(
 ) -> Result<RawOutcome, RunError> {
     realm.context.with(|ctx| {
         let helpers = realm.helpers.clone().restore(&ctx).map_err(engine_error)?;
-        let env = Rc::new(RunEnv::new(job, guard, classes, realm.shared.clone(), &helpers)?);
+        let env = Rc::new(RunEnv::new(job, guard, classes, realm.shared.clone(), &helpers, deadline)?);
         let job = &*job;
         let result = install(&ctx, &env, &helpers)
             .and_then(|()| Driver { ctx: ctx.clone(), env: env.clone(), job }.run(code, deadline));
@@ -112,10 +109,9 @@ struct RunEnv<'js> {
     classes: ClassIds,
     /// Realm functions the runner calls natively; dropped in `finish` to break cycles.
     realm_functions: RefCell<Option<RealmFunctions<'js>>>,
-    host: HostFunctions,
-    tokio: tokio::runtime::Handle,
-    inbox: std::sync::mpsc::Sender<WorkerMessage>,
-    host_cancel: CancelSignal,
+    link: HostLink,
+    functions: Arc<[String]>,
+    deadline: Instant,
     logical_run_id: Arc<str>,
     can_interrupt: bool,
     max_calls: u32,
@@ -147,7 +143,6 @@ struct Bridge<'js> {
     held: Vec<u32>,
     ready: VecDeque<(u32, HostResult)>,
     in_flight: usize,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
     interrupted: BTreeSet<u32>,
     our_errors: Vec<OurError<'js>>,
     console: ConsoleBuffer,
@@ -168,6 +163,7 @@ impl<'js> RunEnv<'js> {
         classes: ClassIds,
         shared: Rc<RealmShared>,
         helpers: &Object<'js>,
+        deadline: Instant,
     ) -> Result<Self, RunError> {
         let date_to_iso: Function = helpers.get("dateToISOString").map_err(engine_error)?;
         let error_stack: Option<Function> = helpers.get("errorStack").map_err(engine_error)?;
@@ -195,10 +191,9 @@ impl<'js> RunEnv<'js> {
             shared,
             classes,
             realm_functions: RefCell::new(Some(RealmFunctions { date_to_iso, error_stack })),
-            host: job.host.clone(),
-            tokio: job.tokio.clone(),
-            inbox: job.inbox_sender.clone(),
-            host_cancel: job.host_cancel.clone(),
+            link: job.link.take().ok_or_else(|| RunError::internal("the run has no host link"))?,
+            functions: job.functions.clone(),
+            deadline,
             logical_run_id: replay.logical_run_id.clone(),
             can_interrupt: job.can_interrupt,
             max_calls: limits.get(Limit::HostCalls) as u32,
@@ -218,7 +213,6 @@ impl<'js> RunEnv<'js> {
                 held: Vec::new(),
                 ready: VecDeque::new(),
                 in_flight: 0,
-                tasks: Vec::new(),
                 interrupted,
                 our_errors: Vec::new(),
                 console: ConsoleBuffer::new(limits.usize(Limit::Console)),
@@ -229,12 +223,7 @@ impl<'js> RunEnv<'js> {
     /// Ends the run: stops host work still running and drops every script value.
     fn finish(&self) {
         let mut bridge = self.bridge.borrow_mut();
-        if bridge.in_flight > 0 || !bridge.tasks.is_empty() {
-            self.host_cancel.cancel();
-        }
-        for task in bridge.tasks.drain(..) {
-            task.abort();
-        }
+        self.link.finish(bridge.in_flight > 0);
         bridge.promises.clear();
         bridge.our_errors.clear();
         bridge.ready.clear();
@@ -297,59 +286,32 @@ impl<'js> RunEnv<'js> {
             let entry = &bridge.ledger[index as usize - 1];
             (entry.function.clone(), entry.arguments.clone())
         };
-        let arguments: Vec<Json> = match serde_json::from_str(&arguments) {
-            Ok(arguments) => arguments,
-            Err(e) => {
-                let failed = HostError::new(format!("the arguments of {function} could not be read: {e}"));
-                let mut bridge = self.bridge.borrow_mut();
-                bridge.in_flight += 1;
-                bridge.ready.push_back((index, Err(failed)));
-                return;
-            }
-        };
-        let call = HostCallContext::new(
-            self.logical_run_id.clone(),
-            function.as_str(),
+        let request = CallRequest {
+            logical_run_id: &self.logical_run_id,
             index,
+            function: &function,
+            arguments: &arguments,
             resume,
-            self.host_cancel.clone(),
-        );
-        let mut future = self.host.call(&function, call, arguments);
-        let polled = {
-            let _runtime = self.tokio.enter();
-            catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(&mut TaskContext::from_waker(Waker::noop()))))
         };
+        let finished = self.link.start(request);
         let mut bridge = self.bridge.borrow_mut();
         bridge.in_flight += 1;
-        match polled {
-            Ok(Poll::Ready(result)) => bridge.ready.push_back((index, result)),
-            Ok(Poll::Pending) => {
-                let inbox = self.inbox.clone();
-                bridge.tasks.push(self.tokio.spawn(async move {
-                    let result = CatchUnwind(future).await;
-                    let _ = inbox.send(WorkerMessage::Settled(index, result));
-                }));
-            }
-            Err(_) => bridge.ready.push_back((index, Err(panicked()))),
+        if let Some(result) = finished {
+            bridge.ready.push_back((index, result));
         }
     }
-}
 
-fn panicked() -> HostError {
-    HostError::internal("host function panicked")
-}
-
-/// Polls a host future, turning a panic into a failed call.
-struct CatchUnwind(HostFuture);
-
-impl Future for CatchUnwind {
-    type Output = HostResult;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<HostResult> {
-        match catch_unwind(AssertUnwindSafe(|| self.0.as_mut().poll(cx))) {
-            Ok(poll) => poll,
-            Err(_) => Poll::Ready(Err(panicked())),
+    /// Namespaces with their function names, from the sorted full names.
+    fn namespaces(&self) -> Vec<(&str, Vec<&str>)> {
+        let mut out: Vec<(&str, Vec<&str>)> = Vec::new();
+        for name in self.functions.iter() {
+            let Some((namespace, function)) = name.split_once('.') else { continue };
+            match out.last_mut() {
+                Some((last, members)) if *last == namespace => members.push(function),
+                _ => out.push((namespace, vec![function])),
+            }
         }
+        out
     }
 }
 
@@ -375,7 +337,7 @@ fn install<'js>(ctx: &Ctx<'js>, env: &Rc<RunEnv<'js>>, helpers: &Object<'js>) ->
         install_console.call::<_, ()>((methods,))?;
 
         let make_namespace: Function = helpers.get("makeNamespace")?;
-        for (namespace, functions) in env.host.namespaces() {
+        for (namespace, functions) in env.namespaces() {
             let members = Object::new(ctx.clone())?;
             for function in functions {
                 let full: Rc<str> = format!("{namespace}.{function}").into();
@@ -390,7 +352,7 @@ fn install<'js>(ctx: &Ctx<'js>, env: &Rc<RunEnv<'js>>, helpers: &Object<'js>) ->
             let unknown = Function::new(ctx.clone(), move |ctx: Ctx<'js>, name: Value<'js>| -> rquickjs::Result<()> {
                 counted_attempt(&ctx, &env)?;
                 let name = js_string(ctx.as_raw().as_ptr(), name.as_raw()).unwrap_or_default();
-                let message = env.host.unknown_function_message(&name);
+                let message = unknown_function_message(&name, env.functions.iter().map(String::as_str));
                 let error = env.our_error(&ctx, ErrorCode::HostFunctionError, message, None)?;
                 Err(ctx.throw(error))
             })?;
@@ -668,6 +630,13 @@ impl<'js> Driver<'_, 'js> {
             );
             return Some(Step::Done(Err(RunError::protocol(message))));
         }
+        // The replay matched: from here on host functions run, so a stored
+        // continuation is used up now (or the resume stops, having done nothing).
+        drop(bridge);
+        if let Err(error) = env.link.consume(&self.job.inbox, env.deadline) {
+            return Some(Step::Done(Err(error)));
+        }
+        bridge = env.bridge.borrow_mut();
         bridge.replaying = false;
         let mut held = std::mem::take(&mut bridge.held);
         held.sort_unstable();
@@ -699,6 +668,7 @@ impl<'js> Driver<'_, 'js> {
             Ok(WorkerMessage::Abort) => {
                 self.env.guard.latch(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"));
             }
+            Ok(WorkerMessage::Consumed(_)) => {}
             Err(RecvTimeoutError::Timeout) => {
                 self.env.guard.latch(RunError::new(
                     ErrorCode::Timeout,
@@ -843,21 +813,7 @@ impl<'js> Driver<'_, 'js> {
             return Err(error);
         }
         let mut bridge = self.env.bridge.borrow_mut();
-        let mut interruptions = Vec::with_capacity(bridge.interrupted.len());
-        for &index in &bridge.interrupted {
-            let entry = &bridge.ledger[index as usize - 1];
-            let CallOutcome::Interrupted(payload) = &entry.outcome else {
-                return Err(RunError::internal(format!("call {index} is not interrupted")));
-            };
-            let unreadable =
-                |e: serde_json::Error| RunError::internal(format!("call {index} cannot be described: {e}"));
-            interruptions.push(Interruption {
-                id: format!("interrupt-{index}"),
-                function: entry.function.clone(),
-                arguments: serde_json::from_str(&entry.arguments).map_err(unreadable)?,
-                payload: serde_json::from_str(payload).map_err(unreadable)?,
-            });
-        }
+        let interruptions = crate::state::pending_interruptions(&bridge.ledger).map_err(RunError::internal)?;
         let console = bridge.console.take();
         Ok(RawOutcome::Interrupted { ledger: std::mem::take(&mut bridge.ledger), interruptions, console })
     }

@@ -7,7 +7,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Shared by the engine's interrupt handler, the natives and the run loop.
 ///
@@ -16,6 +16,8 @@ use std::time::Instant;
 pub(crate) struct RunGuard {
     pub meter: Rc<HeapMeter>,
     deadline: Cell<Option<Instant>>,
+    /// Thread CPU time at which the script has used up its CPU budget.
+    cpu_deadline: Cell<Option<Duration>>,
     abort: RefCell<Option<Arc<AtomicBool>>>,
     stack: RefCell<Option<StackGuard>>,
     latched: RefCell<Option<RunError>>,
@@ -26,6 +28,7 @@ impl RunGuard {
         Rc::new(RunGuard {
             meter,
             deadline: Cell::new(None),
+            cpu_deadline: Cell::new(None),
             abort: RefCell::new(None),
             stack: RefCell::new(None),
             latched: RefCell::new(None),
@@ -33,9 +36,10 @@ impl RunGuard {
     }
 
     /// Arms the guard for one run.
-    pub(crate) fn arm(&self, deadline: Instant, abort: Arc<AtomicBool>, stack: StackGuard) {
+    pub(crate) fn arm(&self, deadline: Instant, cpu_budget: Duration, abort: Arc<AtomicBool>, stack: StackGuard) {
         *self.latched.borrow_mut() = None;
         self.deadline.set(Some(deadline));
+        self.cpu_deadline.set(Some(thread_cpu_time() + cpu_budget));
         *self.abort.borrow_mut() = Some(abort);
         *self.stack.borrow_mut() = Some(stack);
     }
@@ -43,6 +47,7 @@ impl RunGuard {
     /// Disarms it between runs.
     pub(crate) fn disarm(&self) {
         self.deadline.set(None);
+        self.cpu_deadline.set(None);
         *self.abort.borrow_mut() = None;
         *self.stack.borrow_mut() = None;
         *self.latched.borrow_mut() = None;
@@ -62,14 +67,18 @@ impl RunGuard {
         self.latched.borrow().clone()
     }
 
-    /// Every limit, the stack band included. Called by the engine every 10,000
-    /// ticks, before a host function starts, and when the run ends.
+    /// Every limit, the stack band and CPU time included. Called by the engine
+    /// every 10,000 ticks, before a host function starts, and when the run ends.
     pub(crate) fn should_stop_checking_stack(&self) -> bool {
         if self.should_stop() {
             return true;
         }
         if self.stack.borrow().as_ref().is_some_and(StackGuard::tripped) {
             self.latch(RunError::new(ErrorCode::StackOverflow, "the script exceeded its stack limit"));
+            return true;
+        }
+        if self.cpu_deadline.get().is_some_and(|limit| thread_cpu_time() >= limit) {
+            self.latch(RunError::new(ErrorCode::CpuTimeout, "the script used more CPU time than its limit"));
             return true;
         }
         false
@@ -91,4 +100,14 @@ impl RunGuard {
         }
         true
     }
+}
+
+/// CPU time used by the calling thread (time blocked waiting is not counted).
+pub(crate) fn thread_cpu_time() -> Duration {
+    let mut now = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: a valid clock id and a valid out-pointer.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut now) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(now.tv_sec as u64, now.tv_nsec as u32)
 }

@@ -188,6 +188,13 @@ impl<'a, 'js> Serializer<'a, 'js> {
         } else if value.is_null() || value.is_undefined() {
             self.out.push_str("null");
         } else if value.is_string() {
+            // Every UTF-16 unit takes at least one byte: refuse before copying.
+            let mut units: i64 = 0;
+            if unsafe { qjs::JS_GetLength(self.raw, value.as_raw(), &mut units) } == 0
+                && self.out.len() as i64 + units > self.limit as i64
+            {
+                return Err(SerializeError::TooLarge { limit: self.limit });
+            }
             let text = js_string(self.raw, value.as_raw()).ok_or(SerializeError::Engine)?;
             // Refused before escaping, which could multiply its size.
             if self.out.len() + text.len() > self.limit {

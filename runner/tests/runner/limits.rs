@@ -80,3 +80,17 @@ async fn many_runs_after_limits_keep_working() {
         assert_eq!(value(&runner, RunRequest::new(format!("return {round}"))).await, json!(round));
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cpu_time_is_limited_but_waiting_is_not() {
+    let runner = runner();
+    let cpu = LimitOverrides::new().with(Limit::CpuTime, 100).unwrap().with(Limit::Timeout, 5_000).unwrap();
+    let started = Instant::now();
+    let err = error(&runner, RunRequest::new("try { while (true) {} } catch {}").limits(cpu)).await;
+    assert_code(&err, ErrorCode::CpuTimeout);
+    assert!(!err.retryable);
+    assert!(started.elapsed() < Duration::from_secs(2), "{:?}", started.elapsed());
+    let tools = Tools::default();
+    let waiting = RunRequest::new("await tools.wait(300); return 'waited'").host(tools.host()).limits(cpu);
+    assert_eq!(value(&runner, waiting).await, json!("waited"));
+}

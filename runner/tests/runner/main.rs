@@ -5,6 +5,8 @@ mod bridge;
 mod common;
 mod continuations;
 mod limits;
+mod process;
 mod sandbox;
+mod stored;
 
 mod hostile;

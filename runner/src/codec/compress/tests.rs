@@ -1,0 +1,236 @@
+use std::time::Instant;
+
+use super::super::test_util::{SplitMix64, hex_state};
+use super::*;
+
+const MIB: usize = 1024 * 1024;
+
+/// The zstd frame magic number, little-endian.
+const MAGIC: [u8; 4] = [0x28, 0xB5, 0x2F, 0xFD];
+
+/// A hand-made zstd frame: an optional 8-byte declared content size (single-segment frame)
+/// or none (a 1 KiB window instead), then one last RLE block repeating `byte` `repeat`
+/// times (at most 128 KiB).
+fn rle_frame(declared: Option<u64>, repeat: u32, byte: u8) -> Vec<u8> {
+    let mut frame = MAGIC.to_vec();
+    match declared {
+        Some(size) => {
+            frame.push(0b1110_0000); // 8-byte content size, single segment
+            frame.extend_from_slice(&size.to_le_bytes());
+        }
+        None => {
+            frame.push(0b0000_0000); // no content size, window descriptor follows
+            frame.push(0); // window of 1 KiB
+        }
+    }
+    let block_header = (repeat << 3) | (1 << 1) | 1; // size, RLE, last block
+    frame.extend_from_slice(&block_header.to_le_bytes()[..3]);
+    frame.push(byte);
+    frame
+}
+
+fn tagged(tag: u8, payload: &[u8]) -> Vec<u8> {
+    let mut out = vec![tag];
+    out.extend_from_slice(payload);
+    out
+}
+
+#[test]
+fn round_trips() {
+    let mut rng = SplitMix64(0xC0FFEE);
+    let random = rng.bytes(MIB);
+    let hex = hex_state(1);
+    let text = "the quick brown fox jumps over the lazy dog; ".repeat(1000).into_bytes();
+    let cases: [(&str, Vec<u8>, u8); 8] = [
+        ("empty", Vec::new(), STORED),
+        ("one byte", vec![7], STORED),
+        ("small", b"{\"pending\":[1,2,3]}".to_vec(), STORED),
+        ("just below the threshold", vec![b'a'; MIN_COMPRESS_BYTES - 1], STORED),
+        ("threshold", vec![b'a'; MIN_COMPRESS_BYTES], ZSTD),
+        ("1 MiB random", random, STORED),
+        ("800 KiB hex", hex, ZSTD),
+        ("text", text, ZSTD),
+    ];
+    for (name, state, tag) in cases {
+        let packed = compress(&state);
+        assert_eq!(packed[0], tag, "{name}");
+        assert!(packed.len() <= state.len() + 1, "{name}: never more than one byte of overhead");
+        assert_eq!(decompress(&packed, state.len()).unwrap(), state, "{name}");
+        assert_eq!(decompress(&packed, usize::MAX).unwrap(), state, "{name}");
+        if !state.is_empty() {
+            assert_eq!(decompress(&packed, state.len() - 1), Err(DecompressError::TooLarge), "{name}");
+        }
+    }
+}
+
+#[test]
+fn hex_state_compresses_to_about_half() {
+    let state = hex_state(2);
+    assert_eq!(state.len(), 821_490);
+    let packed = compress(&state);
+    assert_eq!(packed[0], ZSTD);
+    // 4 bits of information per hex digit: a little over half the input.
+    assert!(packed.len() < 420_000, "{}", packed.len());
+}
+
+#[test]
+fn bomb_is_refused_without_decoding() {
+    let zeros = vec![0u8; 64 * MIB];
+    let packed = compress(&zeros);
+    assert_eq!(packed[0], ZSTD);
+    assert!(packed.len() < 8 * 1024, "{}", packed.len());
+    assert_eq!(decompress(&packed, MIB), Err(DecompressError::TooLarge));
+    assert_eq!(decompress(&packed, 64 * MIB - 1), Err(DecompressError::TooLarge));
+    assert_eq!(decompress(&packed, 64 * MIB).unwrap().len(), 64 * MIB);
+}
+
+#[test]
+fn hand_made_frames() {
+    // A correct frame: 128 KiB of 'z' from 17 bytes.
+    let frame = tagged(ZSTD, &rle_frame(Some(128 * 1024), 128 * 1024, b'z'));
+    assert_eq!(frame.len(), 1 + 17);
+    assert_eq!(decompress(&frame, 128 * 1024).unwrap(), vec![b'z'; 128 * 1024]);
+    assert_eq!(decompress(&frame, 128 * 1024 - 1), Err(DecompressError::TooLarge));
+    // Declaring a terabyte: too large for any sane limit, and a lie for 17 bytes of frame
+    // even with no limit at all (nothing is allocated either way).
+    let huge = tagged(ZSTD, &rle_frame(Some(1 << 40), 128 * 1024, b'z'));
+    assert_eq!(decompress(&huge, 48 * MIB), Err(DecompressError::TooLarge));
+    assert_eq!(decompress(&huge, usize::MAX), Err(DecompressError::Corrupt));
+    // Declaring less or more than the blocks hold.
+    let short = tagged(ZSTD, &rle_frame(Some(100), 128 * 1024, b'z'));
+    assert_eq!(decompress(&short, usize::MAX), Err(DecompressError::Corrupt));
+    let long = tagged(ZSTD, &rle_frame(Some(128 * 1024 + 1), 128 * 1024, b'z'));
+    assert_eq!(decompress(&long, usize::MAX), Err(DecompressError::Corrupt));
+    // No declared size.
+    let no_size = tagged(ZSTD, &rle_frame(None, 100, b'z'));
+    assert_eq!(decompress(&no_size, usize::MAX), Err(DecompressError::Corrupt));
+}
+
+#[test]
+fn corrupt_and_unknown_inputs() {
+    let packed = compress(&hex_state(3)[..10_000]);
+    assert_eq!(packed[0], ZSTD);
+    let frame = &packed[1..];
+    let mut two_frames = packed.clone();
+    two_frames.extend_from_slice(frame);
+    let mut trailing = packed.clone();
+    trailing.push(0);
+    let cases: [(&[u8], DecompressError); 9] = [
+        (&[], DecompressError::Corrupt),
+        (&[ZSTD], DecompressError::Corrupt),
+        (&[ZSTD, 1, 2, 3, 4, 5, 6, 7, 8], DecompressError::Corrupt),
+        (&packed[..packed.len() / 2], DecompressError::Corrupt),
+        (&packed[..packed.len() - 1], DecompressError::Corrupt),
+        (&two_frames, DecompressError::Corrupt),
+        (&trailing, DecompressError::Corrupt),
+        (&[2, 1, 2, 3], DecompressError::UnknownFormat),
+        (&[0xff], DecompressError::UnknownFormat),
+    ];
+    for (input, expected) in cases {
+        assert_eq!(decompress(input, usize::MAX), Err(expected), "{input:?}");
+    }
+    // The stored form of anything is its bytes, limits aside.
+    assert_eq!(decompress(&[STORED], 0).unwrap(), b"");
+    assert_eq!(decompress(&tagged(STORED, b"abc"), 3).unwrap(), b"abc");
+    assert_eq!(decompress(&tagged(STORED, b"abc"), 2), Err(DecompressError::TooLarge));
+}
+
+#[test]
+fn errors_map_to_token_rejections() {
+    let cases = [
+        (DecompressError::TooLarge, TokenRejection::TooLarge),
+        (DecompressError::UnknownFormat, TokenRejection::UnsupportedFormat),
+        (DecompressError::Corrupt, TokenRejection::Malformed),
+    ];
+    for (err, rejection) in cases {
+        assert_eq!(TokenRejection::from(err), rejection);
+        assert_eq!(TokenError::from(err).reason, rejection);
+        assert!(!err.to_string().is_empty());
+    }
+}
+
+#[test]
+fn every_byte_flip_of_a_frame_is_safe() {
+    let state = hex_state(4)[..3000].to_vec();
+    let packed = compress(&state);
+    assert_eq!(packed[0], ZSTD);
+    for index in 1..packed.len() {
+        for bit in 0..8 {
+            let mut mutated = packed.clone();
+            mutated[index] ^= 1 << bit;
+            // Without a checksum a flip may still decode (authentication is the codec's
+            // job); it must never panic nor exceed the limit.
+            if let Ok(out) = decompress(&mutated, state.len()) {
+                assert!(out.len() <= state.len());
+            }
+        }
+    }
+}
+
+/// Compression timings at several zstd levels for the benchmark state. Run with
+/// `cargo test --release -p resumable-runner codec::compress -- --ignored --nocapture`.
+#[test]
+#[ignore = "timing report, run by hand in release mode"]
+fn level_timings() {
+    let state = hex_state(7);
+    let best = |f: &mut dyn FnMut()| {
+        (0..30)
+            .map(|_| {
+                let start = Instant::now();
+                f();
+                start.elapsed().as_secs_f64() * 1e3
+            })
+            .fold(f64::MAX, f64::min)
+    };
+    for level in [-1, 1, 2, 3, 5] {
+        let packed = compress_with_level(&state, level);
+        let compress_ms = best(&mut || drop(std::hint::black_box(compress_with_level(&state, level))));
+        let decompress_ms = best(&mut || drop(std::hint::black_box(decompress(&packed, state.len()).unwrap())));
+        println!(
+            "level {level:>2}: {} -> {} bytes ({} base64url chars); compress {compress_ms:.3} ms, decompress {decompress_ms:.3} ms",
+            state.len(),
+            packed.len(),
+            base64::encoded_len(packed.len(), false).unwrap_or(0),
+        );
+    }
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn compress_prop_round_trip(
+        state in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..4096),
+        repeat in 1usize..8,
+    ) {
+        let state = state.repeat(repeat);
+        let packed = compress(&state);
+        proptest::prop_assert!(packed.len() <= state.len() + 1);
+        proptest::prop_assert_eq!(decompress(&packed, state.len()).unwrap(), state);
+    }
+
+    #[test]
+    fn compress_prop_garbage_never_panics(
+        bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+        max_output in 0usize..1_000_000,
+    ) {
+        if let Ok(out) = decompress(&bytes, max_output) {
+            proptest::prop_assert!(out.len() <= max_output);
+        }
+    }
+
+    #[test]
+    fn compress_prop_garbage_frames_never_panic(
+        body in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..512),
+        descriptor in proptest::prelude::any::<u8>(),
+        max_output in 0usize..1_000_000,
+    ) {
+        let mut bytes = vec![ZSTD];
+        bytes.extend_from_slice(&MAGIC);
+        bytes.push(descriptor);
+        bytes.extend_from_slice(&body);
+        if let Ok(out) = decompress(&bytes, max_output) {
+            proptest::prop_assert!(out.len() <= max_output);
+        }
+    }
+}

@@ -1,0 +1,317 @@
+//! Turning paused state into tokens and back, whichever codec the runner uses.
+
+use crate::codec::{SealedCodec, SignedCodec, TokenError, TokenHeader, compress, decompress};
+use crate::error::{ErrorCode, RunError};
+use crate::limits::{Limit, Limits};
+use crate::outcome::Interruption;
+use crate::state::ContinuationState;
+use crate::store::{ClaimId, ContinuationStore, StoreError, StoredContinuation};
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use serde::Serialize;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// How a runner turns paused state into tokens.
+#[derive(Clone, Debug)]
+pub enum ContinuationCodec {
+    /// HMAC-signed, self-contained tokens (readable, not confidential).
+    Signed(SignedCodec),
+    /// Encrypted and authenticated, self-contained tokens (confidential).
+    Sealed(SealedCodec),
+    /// A random key; the state lives in a store and resumes at most once.
+    Stored(StoredCodec),
+}
+
+impl From<SignedCodec> for ContinuationCodec {
+    fn from(codec: SignedCodec) -> Self {
+        ContinuationCodec::Signed(codec)
+    }
+}
+
+impl From<SealedCodec> for ContinuationCodec {
+    fn from(codec: SealedCodec) -> Self {
+        ContinuationCodec::Sealed(codec)
+    }
+}
+
+impl From<StoredCodec> for ContinuationCodec {
+    fn from(codec: StoredCodec) -> Self {
+        ContinuationCodec::Stored(codec)
+    }
+}
+
+/// Single-use tokens backed by a [`ContinuationStore`].
+#[derive(Clone)]
+pub struct StoredCodec {
+    store: Arc<dyn ContinuationStore>,
+    ttl: Duration,
+    lease: Duration,
+}
+
+impl fmt::Debug for StoredCodec {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoredCodec").field("ttl", &self.ttl).field("lease", &self.lease).finish_non_exhaustive()
+    }
+}
+
+impl StoredCodec {
+    /// Tokens kept for 7 days; a resume holds its claim for at most 5 minutes
+    /// before someone else may take the token over.
+    pub fn new(store: Arc<dyn ContinuationStore>) -> Self {
+        StoredCodec { store, ttl: Duration::from_secs(7 * 24 * 3600), lease: Duration::from_secs(300) }
+    }
+
+    /// How long a token stays resumable.
+    pub fn ttl(mut self, ttl: Duration) -> Self {
+        self.ttl = ttl;
+        self
+    }
+
+    /// How long a resume may hold its claim before it must have consumed the token.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+}
+
+/// A verified continuation, not consumed.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Inspection {
+    /// Id of the logical run.
+    pub logical_run_id: String,
+    /// Who may resume it.
+    pub audience: String,
+    /// Unix seconds when it was issued (self-contained tokens only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub issued_at: Option<u64>,
+    /// Unix seconds after which it can no longer resume.
+    pub expires_at: u64,
+    /// The interruptions waiting for a decision.
+    pub interruptions: Vec<Interruption>,
+}
+
+/// A claim on a stored token, held while a resume validates and replays.
+pub(crate) struct Claim {
+    store: Arc<dyn ContinuationStore>,
+    key: [u8; 32],
+    id: ClaimId,
+    consumed: AtomicBool,
+}
+
+impl Claim {
+    /// Marks the token used. Called once, right before the first host function
+    /// of the resume would run.
+    pub(crate) fn consume(&self, tokio: &tokio::runtime::Handle) -> Result<(), RunError> {
+        tokio.block_on(self.store.consume(self.key, self.id)).map_err(store_error)?;
+        self.consumed.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// [`consume`](Claim::consume) for async callers.
+    pub(crate) async fn consume_async(&self) -> Result<(), RunError> {
+        self.store.consume(self.key, self.id).await.map_err(store_error)?;
+        self.consumed.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Gives the token back unless it was consumed.
+    pub(crate) async fn release_unless_consumed(&self) {
+        if !self.consumed.load(Ordering::SeqCst) {
+            // A release that fails leaves the claim to expire on its own.
+            let _ = self.store.release(self.key, self.id).await;
+        }
+    }
+}
+
+/// An opened continuation: its state, and the claim when the token is stored.
+pub(crate) struct Opened {
+    pub state: ContinuationState,
+    pub claim: Option<Arc<Claim>>,
+}
+
+fn rejected(reason: impl fmt::Display) -> RunError {
+    RunError::protocol(format!("continuation rejected: {reason}"))
+}
+
+fn store_error(error: StoreError) -> RunError {
+    match error {
+        StoreError::Backend(message) => {
+            RunError::internal(format!("the continuation store failed: {message}")).retryable(true)
+        }
+        other => rejected(other),
+    }
+}
+
+fn unix_seconds(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// Parses a stored token: exactly 43 base64url characters encoding 32 bytes.
+fn parse_key(token: &str) -> Result<[u8; 32], RunError> {
+    if token.len() != 43 {
+        return Err(rejected("malformed stored token"));
+    }
+    let bytes = URL_SAFE_NO_PAD.decode(token).map_err(|_| rejected("malformed stored token"))?;
+    bytes.try_into().map_err(|_| rejected("malformed stored token"))
+}
+
+fn new_key() -> Result<[u8; 32], RunError> {
+    let mut key = [0u8; 32];
+    getrandom::fill(&mut key).map_err(|e| RunError::internal(format!("no randomness for a token: {e}")))?;
+    Ok(key)
+}
+
+impl ContinuationCodec {
+    /// Encodes `state` as a token for `audience`.
+    pub(crate) async fn issue(
+        &self,
+        state: &ContinuationState,
+        audience: &str,
+        limits: &Limits,
+    ) -> Result<String, RunError> {
+        let bytes = compress(&state.encode());
+        let limit = limits.get(Limit::Continuation);
+        let too_large = |size: usize| {
+            RunError::new(
+                ErrorCode::SerializationError,
+                format!("the continuation is {size} bytes, over the limit of {limit}"),
+            )
+        };
+        match self {
+            ContinuationCodec::Signed(codec) => {
+                let token = codec.encode(&bytes, audience, SystemTime::now());
+                if token.len() as u64 > limit {
+                    return Err(too_large(token.len()));
+                }
+                Ok(token)
+            }
+            ContinuationCodec::Sealed(codec) => {
+                let token = codec.encode(&bytes, audience, SystemTime::now());
+                if token.len() as u64 > limit {
+                    return Err(too_large(token.len()));
+                }
+                Ok(token)
+            }
+            ContinuationCodec::Stored(codec) => {
+                if bytes.len() as u64 > limit {
+                    return Err(too_large(bytes.len()));
+                }
+                let key = new_key()?;
+                let record = StoredContinuation {
+                    audience: audience.to_string(),
+                    expires_at: SystemTime::now() + codec.ttl,
+                    state: bytes,
+                };
+                codec.store.set(key, record).await.map_err(store_error)?;
+                Ok(URL_SAFE_NO_PAD.encode(key))
+            }
+        }
+    }
+
+    /// Verifies `token` for `audience` and decodes its state; a stored token is claimed.
+    pub(crate) async fn open(&self, token: &str, audience: &str, limits: &Limits) -> Result<Opened, RunError> {
+        match self {
+            ContinuationCodec::Signed(_) | ContinuationCodec::Sealed(_) => {
+                if token.len() as u64 > limits.get(Limit::Continuation) {
+                    return Err(rejected("token is larger than the continuation limit"));
+                }
+                let now = SystemTime::now();
+                let bytes = match self {
+                    ContinuationCodec::Signed(codec) => codec.decode(token, audience, now),
+                    ContinuationCodec::Sealed(codec) => codec.decode(token, audience, now),
+                    ContinuationCodec::Stored(_) => unreachable!("matched above"),
+                }
+                .map_err(token_error)?;
+                Ok(Opened { state: decode_state(&bytes, limits)?, claim: None })
+            }
+            ContinuationCodec::Stored(codec) => {
+                let key = parse_key(token)?;
+                let mut id = [0u8; 16];
+                getrandom::fill(&mut id).map_err(|e| RunError::internal(format!("no randomness for a claim: {e}")))?;
+                let id = ClaimId::from_le_bytes(id);
+                let record = codec.store.acquire(key, id, codec.lease).await.map_err(store_error)?;
+                let claim = Arc::new(Claim { store: codec.store.clone(), key, id, consumed: AtomicBool::new(false) });
+                let checked = if record.audience != audience {
+                    Err(rejected("token was issued for another audience"))
+                } else {
+                    decode_state(&record.state, limits)
+                };
+                match checked {
+                    Ok(state) => Ok(Opened { state, claim: Some(claim) }),
+                    Err(error) => {
+                        claim.release_unless_consumed().await;
+                        Err(error)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Verifies `token` and describes it without using it (no audience is
+    /// needed: inspection is for whoever holds the secret or the store).
+    pub async fn inspect(&self, token: &str) -> Result<Inspection, RunError> {
+        let (header, state) = match self {
+            ContinuationCodec::Signed(codec) => {
+                let (header, bytes) = codec.decode_unscoped(token, SystemTime::now()).map_err(token_error)?;
+                (header, decode_state(&bytes, &Limits::default())?)
+            }
+            ContinuationCodec::Sealed(codec) => {
+                let (header, bytes) = codec.decode_unscoped(token, SystemTime::now()).map_err(token_error)?;
+                (header, decode_state(&bytes, &Limits::default())?)
+            }
+            ContinuationCodec::Stored(codec) => {
+                let record = codec.store.peek(parse_key(token)?).await.map_err(store_error)?;
+                let header = TokenHeader {
+                    issued_at: 0,
+                    expires_at: unix_seconds(record.expires_at),
+                    audience: record.audience,
+                    nonce: String::new(),
+                };
+                (header, decode_state(&record.state, &Limits::default())?)
+            }
+        };
+        let interruptions = state.pending_interruptions().map_err(rejected)?;
+        let issued_at = (!matches!(self, ContinuationCodec::Stored(_))).then_some(header.issued_at);
+        Ok(Inspection {
+            logical_run_id: state.logical_run_id,
+            audience: header.audience,
+            issued_at,
+            expires_at: header.expires_at,
+            interruptions,
+        })
+    }
+}
+
+/// Decompresses (never beyond the continuation limit) and decodes a state.
+fn decode_state(bytes: &[u8], limits: &Limits) -> Result<ContinuationState, RunError> {
+    let limit = limits.usize(Limit::Continuation);
+    let bytes = decompress(bytes, limit).map_err(|e| token_error(e.into()))?;
+    ContinuationState::decode(&bytes).map_err(rejected)
+}
+
+fn token_error(error: TokenError) -> RunError {
+    RunError::protocol(format!("{error} ({})", error.reason.as_str()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stored_keys_are_strict() {
+        let key = [3u8; 32];
+        let token = URL_SAFE_NO_PAD.encode(key);
+        assert_eq!(parse_key(&token).unwrap(), key);
+        for bad in [&token[..42], &format!("{token}A"), &format!("{}=", &token[..42]), "!".repeat(43).as_str()] {
+            assert!(parse_key(bad).is_err(), "{bad}");
+        }
+        // The last character carries 4 unused bits: a non-canonical variant is refused.
+        let mut chars: Vec<char> = token.chars().collect();
+        chars[42] = if chars[42] == 'B' { 'C' } else { 'B' };
+        let variant: String = chars.into_iter().collect();
+        assert!(parse_key(&variant).is_err() || parse_key(&variant).unwrap() != key);
+    }
+}

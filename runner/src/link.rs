@@ -1,0 +1,172 @@
+//! How a worker's host calls reach the host functions.
+//!
+//! In thread mode the functions run in this process on the caller's tokio
+//! runtime ([`LocalHost`]); in process mode they run in the parent, and calls
+//! travel as frames over a pipe ([`RemoteHost`]). Either way a call that does
+//! not finish at once reports back through the run's inbox.
+
+use crate::continuation::Claim;
+use crate::error::RunError;
+use crate::job::WorkerMessage;
+use resumable_host::{CancelSignal, HostCallContext, HostError, HostFunctions, HostFuture, HostResult, Resume};
+use serde_json::Value;
+use std::cell::RefCell;
+use std::future::Future;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::mpsc;
+use std::task::{Context, Poll, Waker};
+use std::time::Instant;
+
+/// One host call as the worker asks for it.
+pub(crate) struct CallRequest<'a> {
+    pub logical_run_id: &'a Arc<str>,
+    pub index: u32,
+    pub function: &'a str,
+    /// The arguments as the canonical JSON array text the runner produced.
+    pub arguments: &'a str,
+    pub resume: Option<Resume>,
+}
+
+/// Where host calls go.
+pub(crate) enum HostLink {
+    Local(LocalHost),
+    Remote(Box<dyn RemoteHost + Send>),
+}
+
+/// Host functions in this process.
+pub(crate) struct LocalHost {
+    pub functions: HostFunctions,
+    pub tokio: tokio::runtime::Handle,
+    pub inbox: mpsc::Sender<WorkerMessage>,
+    pub cancel: CancelSignal,
+    pub claim: Option<Arc<Claim>>,
+    pub tasks: RefCell<Vec<tokio::task::JoinHandle<()>>>,
+}
+
+/// Host functions in another process, reached by messages.
+pub(crate) trait RemoteHost {
+    /// Asks the other side to run a call; its result arrives in the inbox.
+    fn call(&self, request: &CallRequest<'_>) -> Result<(), RunError>;
+    /// Asks the other side to consume the stored continuation (if any); the
+    /// answer arrives in the inbox as [`WorkerMessage::Consumed`].
+    fn consume(&self) -> Result<(), RunError>;
+    /// Whether the run was resumed from a stored continuation.
+    fn has_claim(&self) -> bool;
+}
+
+impl HostLink {
+    /// Starts a call: `Some` when it finished at once, `None` when its result will
+    /// arrive in the inbox.
+    pub(crate) fn start(&self, request: CallRequest<'_>) -> Option<HostResult> {
+        match self {
+            HostLink::Local(local) => local.start(request),
+            HostLink::Remote(remote) => match remote.call(&request) {
+                Ok(()) => None,
+                Err(error) => Some(Err(HostError::internal(error))),
+            },
+        }
+    }
+
+    /// Uses up the stored continuation this run resumed from, if any.
+    pub(crate) fn consume(&self, inbox: &mpsc::Receiver<WorkerMessage>, deadline: Instant) -> Result<(), RunError> {
+        match self {
+            HostLink::Local(local) => match &local.claim {
+                Some(claim) => claim.consume(&local.tokio),
+                None => Ok(()),
+            },
+            HostLink::Remote(remote) if remote.has_claim() => {
+                remote.consume()?;
+                loop {
+                    let remaining = deadline.saturating_duration_since(Instant::now());
+                    match inbox.recv_timeout(remaining) {
+                        Ok(WorkerMessage::Consumed(result)) => return result,
+                        Ok(WorkerMessage::Abort) => {
+                            return Err(RunError::new(
+                                crate::ErrorCode::Aborted,
+                                "the run was cancelled by its caller",
+                            ));
+                        }
+                        // No host call is in flight while a replay ends.
+                        Ok(WorkerMessage::Settled(..)) => {}
+                        Err(_) => return Err(RunError::internal("no answer about the stored continuation")),
+                    }
+                }
+            }
+            HostLink::Remote(_) => Ok(()),
+        }
+    }
+
+    /// Tells running host calls the run is over and stops waiting for them.
+    pub(crate) fn finish(&self, calls_in_flight: bool) {
+        if let HostLink::Local(local) = self {
+            let tasks = std::mem::take(&mut *local.tasks.borrow_mut());
+            if calls_in_flight || !tasks.is_empty() {
+                local.cancel.cancel();
+            }
+            for task in tasks {
+                task.abort();
+            }
+        }
+    }
+}
+
+impl LocalHost {
+    fn start(&self, request: CallRequest<'_>) -> Option<HostResult> {
+        let arguments: Vec<Value> = match serde_json::from_str(request.arguments) {
+            Ok(arguments) => arguments,
+            Err(e) => {
+                return Some(Err(HostError::new(format!(
+                    "the arguments of {} could not be read: {e}",
+                    request.function
+                ))));
+            }
+        };
+        let call = HostCallContext::new(
+            request.logical_run_id.clone(),
+            request.function,
+            request.index,
+            request.resume,
+            self.cancel.clone(),
+        );
+        let mut future = self.functions.call(request.function, call, arguments);
+        // Most host functions answer without waiting: poll once here and skip
+        // two thread hand-offs; only a pending call goes to the runtime.
+        let polled = {
+            let _runtime = self.tokio.enter();
+            catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(&mut Context::from_waker(Waker::noop()))))
+        };
+        match polled {
+            Ok(Poll::Ready(result)) => Some(result),
+            Ok(Poll::Pending) => {
+                let inbox = self.inbox.clone();
+                let index = request.index;
+                self.tasks.borrow_mut().push(self.tokio.spawn(async move {
+                    let result = CatchUnwind(future).await;
+                    let _ = inbox.send(WorkerMessage::Settled(index, result));
+                }));
+                None
+            }
+            Err(_) => Some(Err(panicked())),
+        }
+    }
+}
+
+fn panicked() -> HostError {
+    HostError::internal("host function panicked")
+}
+
+/// Polls a host future, turning a panic into a failed call.
+pub(crate) struct CatchUnwind(pub HostFuture);
+
+impl Future for CatchUnwind {
+    type Output = HostResult;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<HostResult> {
+        match catch_unwind(AssertUnwindSafe(|| self.0.as_mut().poll(cx))) {
+            Ok(poll) => poll,
+            Err(_) => Poll::Ready(Err(panicked())),
+        }
+    }
+}

@@ -1,0 +1,136 @@
+//! The worker-process side: read jobs from stdin, run them, answer on stdout.
+
+use super::frame::{read_frame, write_frame};
+use super::protocol::{JobSpec, ToChild, ToParent};
+use crate::error::RunError;
+use crate::job::{Job, WorkerMessage};
+use crate::limits::MAX_STACK_BYTES;
+use crate::link::{CallRequest, HostLink, RemoteHost};
+use crate::sandbox::Engine;
+use std::io::{BufReader, BufWriter, Stdout, Write};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, mpsc};
+
+/// The argument that makes the `resumable` CLI (or any program following the
+/// same convention) act as a worker process.
+pub const WORKER_ARGUMENT: &str = "__worker";
+
+/// Serves runs on stdin/stdout until stdin closes, then exits the process.
+/// Call it from `main` of a worker program; it never returns.
+pub fn serve_worker() -> ! {
+    let served = std::thread::Builder::new()
+        .name("resumable-worker".into())
+        .stack_size(4 * MAX_STACK_BYTES + 1024 * 1024)
+        .spawn(serve)
+        .map(|thread| thread.join().is_ok());
+    std::process::exit(if matches!(served, Ok(true)) { 0 } else { 70 })
+}
+
+type Output = Arc<Mutex<BufWriter<Stdout>>>;
+
+/// Where frames for the run in progress go.
+#[derive(Default)]
+struct Current {
+    inbox: Option<mpsc::Sender<WorkerMessage>>,
+    abort: Option<Arc<AtomicBool>>,
+}
+
+fn send(output: &Output, message: &ToParent) -> Result<(), RunError> {
+    let mut out = output.lock().unwrap_or_else(|p| p.into_inner());
+    write_frame(&mut *out, message).map_err(|e| RunError::internal(format!("cannot reach the runner: {e}")))
+}
+
+fn serve() {
+    let output: Output = Arc::new(Mutex::new(BufWriter::new(std::io::stdout())));
+    let current = Arc::new(Mutex::new(Current::default()));
+    let (jobs, incoming) = mpsc::channel::<Box<JobSpec>>();
+    let reader_current = current.clone();
+    std::thread::spawn(move || {
+        let mut input = BufReader::new(std::io::stdin());
+        while let Ok(Some(message)) = read_frame::<_, ToChild>(&mut input) {
+            let current = reader_current.lock().unwrap_or_else(|p| p.into_inner());
+            let deliver = |message| {
+                if let Some(inbox) = &current.inbox {
+                    let _ = inbox.send(message);
+                }
+            };
+            match message {
+                ToChild::Run(spec) => {
+                    if jobs.send(spec).is_err() {
+                        return;
+                    }
+                }
+                ToChild::Settled { index, outcome } => deliver(WorkerMessage::Settled(index, outcome.into())),
+                ToChild::Consumed(result) => deliver(WorkerMessage::Consumed(result)),
+                ToChild::Abort => {
+                    if let Some(abort) = &current.abort {
+                        abort.store(true, Ordering::SeqCst);
+                    }
+                    deliver(WorkerMessage::Abort);
+                }
+            }
+        }
+    });
+
+    let mut engine = Engine::new().ok();
+    while let Ok(spec) = incoming.recv() {
+        let (inbox_sender, inbox) = mpsc::channel();
+        let abort = Arc::new(AtomicBool::new(false));
+        *current.lock().unwrap_or_else(|p| p.into_inner()) =
+            Current { inbox: Some(inbox_sender), abort: Some(abort.clone()) };
+        let link = HostLink::Remote(Box::new(PipeHost { output: output.clone(), has_claim: spec.has_claim }));
+        let mut job = Job {
+            source: spec.source,
+            source_hash: spec.source_hash,
+            functions: spec.functions,
+            limits: spec.limits,
+            replay: spec.replay,
+            inbox,
+            abort,
+            can_interrupt: spec.can_interrupt,
+            link: Some(link),
+        };
+        let result = match engine.as_mut() {
+            Some(engine) => engine.execute(&mut job),
+            None => Err(RunError::internal("the JavaScript engine could not start")),
+        };
+        *current.lock().unwrap_or_else(|p| p.into_inner()) = Current::default();
+        if send(&output, &ToParent::Done(result)).is_err() {
+            return;
+        }
+        match engine.as_mut() {
+            Some(current) if !current.poisoned => {
+                current.retire();
+                current.prepare_spare();
+            }
+            _ => engine = Engine::new().ok(),
+        }
+    }
+    let _ = output.lock().map(|mut out| out.flush());
+}
+
+/// Host calls of a run in a worker process: frames to the runner.
+struct PipeHost {
+    output: Output,
+    has_claim: bool,
+}
+
+impl RemoteHost for PipeHost {
+    fn call(&self, request: &CallRequest<'_>) -> Result<(), RunError> {
+        let message = ToParent::Call {
+            index: request.index,
+            function: request.function.to_string(),
+            arguments: request.arguments.to_string(),
+            resume: request.resume.clone().map(Into::into),
+        };
+        send(&self.output, &message)
+    }
+
+    fn consume(&self) -> Result<(), RunError> {
+        send(&self.output, &ToParent::Consume)
+    }
+
+    fn has_claim(&self) -> bool {
+        self.has_claim
+    }
+}

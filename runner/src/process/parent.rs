@@ -1,0 +1,255 @@
+//! The runner side: a pool of worker processes, killed at deadlines.
+
+use super::ProcessConfig;
+use super::frame::encode_frame;
+use super::protocol::{CallOutcomeFrame, JobSpec, ToChild, ToParent};
+use crate::continuation::Claim;
+use crate::error::{ErrorCode, RunError};
+use crate::job::RawOutcome;
+use crate::link::CatchUnwind;
+use resumable_host::{CancelSignal, HostCallContext, HostFunctions, HostResult};
+use serde_json::Value;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::process::{Child, ChildStdin, Command};
+use tokio::sync::{Semaphore, mpsc};
+use tokio::time::Instant;
+
+/// Worker processes shared by the runs of one runner.
+pub(crate) struct ProcessPool {
+    config: ProcessConfig,
+    idle: Mutex<Vec<Worker>>,
+    slots: Semaphore,
+    waiting: AtomicUsize,
+    capacity: usize,
+}
+
+/// One child process and the frames it sends.
+struct Worker {
+    child: Child,
+    stdin: ChildStdin,
+    frames: mpsc::UnboundedReceiver<ToParent>,
+}
+
+/// How a run in a child ended, as far as the child is concerned.
+enum Ending {
+    /// The child answered and can serve again.
+    Answered(Result<RawOutcome, RunError>),
+    /// The child was killed or died; it must not be reused.
+    Lost(RunError),
+}
+
+impl ProcessPool {
+    pub(crate) fn new(config: ProcessConfig, workers: usize, queue_capacity: usize) -> Self {
+        ProcessPool {
+            config,
+            idle: Mutex::new(Vec::new()),
+            slots: Semaphore::new(workers),
+            waiting: AtomicUsize::new(0),
+            capacity: workers + queue_capacity,
+        }
+    }
+
+    /// Runs `spec` in a worker process; host calls run here, on the caller's runtime.
+    pub(crate) async fn run(
+        &self,
+        spec: JobSpec,
+        host: HostFunctions,
+        claim: Option<Arc<Claim>>,
+        cancel: CancelSignal,
+    ) -> Result<RawOutcome, RunError> {
+        if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.capacity {
+            self.waiting.fetch_sub(1, Ordering::SeqCst);
+            return Err(RunError::new(
+                ErrorCode::ConcurrencyLimit,
+                "every worker process is busy and the run queue is full; retry later",
+            ));
+        }
+        let _waiting = Decrement(&self.waiting);
+        let _slot = self.slots.acquire().await.map_err(|_| RunError::internal("the process pool has stopped"))?;
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let mut worker = match idle {
+            Some(worker) => worker,
+            None => self.spawn()?,
+        };
+        let deadline = Instant::now() + spec.limits.timeout() + self.config.grace;
+        let host_cancel = CancelSignal::new();
+        let session =
+            Session { host, claim, host_cancel: host_cancel.clone(), run_id: spec.replay.logical_run_id.clone() };
+        let ending = session.drive(&mut worker, spec, deadline, &cancel, self.config.grace).await;
+        host_cancel.cancel();
+        match ending {
+            Ending::Answered(result) => {
+                self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(worker);
+                result
+            }
+            Ending::Lost(error) => {
+                let _ = worker.child.start_kill();
+                let _ = worker.child.wait().await;
+                Err(error)
+            }
+        }
+    }
+
+    fn spawn(&self) -> Result<Worker, RunError> {
+        let mut command = Command::new(&self.config.program);
+        command
+            .args(&self.config.args)
+            .env_clear()
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .kill_on_drop(true);
+        let limits = [
+            (libc::RLIMIT_AS, self.config.address_space_bytes),
+            (libc::RLIMIT_CPU, self.config.cpu_seconds),
+            (libc::RLIMIT_CORE, 0),
+        ];
+        // SAFETY: only async-signal-safe calls (setrlimit) run between fork and exec.
+        unsafe {
+            command.pre_exec(move || {
+                for (resource, value) in limits {
+                    let limit = libc::rlimit { rlim_cur: value as libc::rlim_t, rlim_max: value as libc::rlim_t };
+                    if libc::setrlimit(resource, &limit) != 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let mut child = command
+            .spawn()
+            .map_err(|e| RunError::internal(format!("cannot start a worker process: {e}")).retryable(true))?;
+        let stdin = child.stdin.take().ok_or_else(|| RunError::internal("worker process without stdin"))?;
+        let mut stdout = child.stdout.take().ok_or_else(|| RunError::internal("worker process without stdout"))?;
+        let (sender, frames) = mpsc::unbounded_channel();
+        tokio::spawn(async move {
+            while let Ok(Some(frame)) = read_frame(&mut stdout).await {
+                if sender.send(frame).is_err() {
+                    return;
+                }
+            }
+        });
+        Ok(Worker { child, stdin, frames })
+    }
+}
+
+struct Decrement<'a>(&'a AtomicUsize);
+
+impl Drop for Decrement<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+async fn read_frame(input: &mut tokio::process::ChildStdout) -> std::io::Result<Option<ToParent>> {
+    let mut length = [0u8; 4];
+    match input.read_exact(&mut length).await {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let length = u32::from_le_bytes(length) as usize;
+    if length > super::frame::MAX_FRAME_BYTES {
+        return Err(std::io::Error::other("frame too large"));
+    }
+    let mut body = vec![0u8; length];
+    input.read_exact(&mut body).await?;
+    serde_json::from_slice(&body).map(Some).map_err(std::io::Error::other)
+}
+
+/// The parent's half of one run.
+struct Session {
+    host: HostFunctions,
+    claim: Option<Arc<Claim>>,
+    host_cancel: CancelSignal,
+    run_id: Arc<str>,
+}
+
+fn lost(message: &str) -> Ending {
+    Ending::Lost(RunError::internal(format!("the worker process {message}")).retryable(true))
+}
+
+async fn write(stdin: &mut ChildStdin, message: &ToChild) -> std::io::Result<()> {
+    stdin.write_all(&encode_frame(message)?).await?;
+    stdin.flush().await
+}
+
+impl Session {
+    async fn drive(
+        &self,
+        worker: &mut Worker,
+        spec: JobSpec,
+        deadline: Instant,
+        cancel: &CancelSignal,
+        grace: std::time::Duration,
+    ) -> Ending {
+        if write(&mut worker.stdin, &ToChild::Run(Box::new(spec))).await.is_err() {
+            return lost("could not be given the run");
+        }
+        let (results, mut settled) = mpsc::unbounded_channel::<(u32, HostResult)>();
+        let mut tasks: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+        let mut abort_deadline: Option<Instant> = None;
+        let ending = loop {
+            let stop_at = abort_deadline.map_or(deadline, |a| a.min(deadline));
+            tokio::select! {
+                frame = worker.frames.recv() => match frame {
+                    None => break lost("exited unexpectedly (crashed or was killed)"),
+                    Some(ToParent::Done(result)) => break Ending::Answered(result),
+                    Some(ToParent::Call { index, function, arguments, resume }) => {
+                        let arguments: Vec<Value> = serde_json::from_str(&arguments).unwrap_or_default();
+                        let context = HostCallContext::new(
+                            self.run_id.clone(),
+                            function.as_str(),
+                            index,
+                            resume.map(Into::into),
+                            self.host_cancel.clone(),
+                        );
+                        let future = self.host.call(&function, context, arguments);
+                        let results = results.clone();
+                        tasks.push(tokio::spawn(async move {
+                            let _ = results.send((index, CatchUnwind(future).await));
+                        }));
+                    }
+                    Some(ToParent::Consume) => {
+                        let answer = match &self.claim {
+                            Some(claim) => claim.consume_async().await,
+                            None => Ok(()),
+                        };
+                        if write(&mut worker.stdin, &ToChild::Consumed(answer)).await.is_err() {
+                            break lost("stopped reading");
+                        }
+                    }
+                },
+                Some((index, result)) = settled.recv() => {
+                    let outcome = CallOutcomeFrame::from(result);
+                    if write(&mut worker.stdin, &ToChild::Settled { index, outcome }).await.is_err() {
+                        break lost("stopped reading");
+                    }
+                }
+                _ = cancel.cancelled(), if abort_deadline.is_none() => {
+                    let _ = write(&mut worker.stdin, &ToChild::Abort).await;
+                    abort_deadline = Some(Instant::now() + grace);
+                }
+                _ = tokio::time::sleep_until(stop_at) => {
+                    break if abort_deadline.is_some() {
+                        Ending::Lost(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"))
+                    } else {
+                        Ending::Lost(
+                            RunError::new(
+                                ErrorCode::Timeout,
+                                "the script ran past its time limit and its worker process was killed",
+                            )
+                            .retryable(false),
+                        )
+                    };
+                }
+            }
+        };
+        for task in tasks {
+            task.abort();
+        }
+        ending
+    }
+}

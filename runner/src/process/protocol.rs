@@ -1,0 +1,90 @@
+//! The messages between the runner (parent) and a worker process (child).
+
+use crate::error::RunError;
+use crate::job::{RawOutcome, Replay};
+use crate::limits::Limits;
+use resumable_host::{HostError, HostFailure, HostResult, Resume};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::sync::Arc;
+
+/// Everything a child needs to run one script.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct JobSpec {
+    pub source: Arc<str>,
+    pub source_hash: [u8; 32],
+    pub functions: Arc<[String]>,
+    pub limits: Limits,
+    pub replay: Replay,
+    pub can_interrupt: bool,
+    pub has_claim: bool,
+}
+
+/// Parent to child.
+#[derive(Serialize, Deserialize)]
+pub(crate) enum ToChild {
+    Run(Box<JobSpec>),
+    Settled { index: u32, outcome: CallOutcomeFrame },
+    Consumed(Result<(), RunError>),
+    Abort,
+}
+
+/// Child to parent.
+#[derive(Serialize, Deserialize)]
+pub(crate) enum ToParent {
+    Call { index: u32, function: String, arguments: String, resume: Option<ResumeFrame> },
+    Consume,
+    Done(Result<RawOutcome, RunError>),
+}
+
+/// A host call's result, without the host's internal details.
+#[derive(Serialize, Deserialize)]
+pub(crate) enum CallOutcomeFrame {
+    Value(Value),
+    Interrupt(Value),
+    Failed { message: String, details: Option<Value> },
+}
+
+impl From<HostResult> for CallOutcomeFrame {
+    fn from(result: HostResult) -> Self {
+        match result {
+            Ok(value) => CallOutcomeFrame::Value(value),
+            Err(HostError::Interrupt(payload)) => CallOutcomeFrame::Interrupt(payload),
+            Err(HostError::Failed(failure)) => {
+                CallOutcomeFrame::Failed { message: failure.message, details: failure.details }
+            }
+        }
+    }
+}
+
+impl From<CallOutcomeFrame> for HostResult {
+    fn from(frame: CallOutcomeFrame) -> Self {
+        match frame {
+            CallOutcomeFrame::Value(value) => Ok(value),
+            CallOutcomeFrame::Interrupt(payload) => Err(HostError::Interrupt(payload)),
+            CallOutcomeFrame::Failed { message, details } => {
+                Err(HostError::Failed(HostFailure { message, details, internal: None }))
+            }
+        }
+    }
+}
+
+/// [`Resume`] on the wire.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct ResumeFrame {
+    pub interruption_id: String,
+    pub payload: Value,
+    pub resolution: Value,
+}
+
+impl From<Resume> for ResumeFrame {
+    fn from(r: Resume) -> Self {
+        ResumeFrame { interruption_id: r.interruption_id, payload: r.payload, resolution: r.resolution }
+    }
+}
+
+impl From<ResumeFrame> for Resume {
+    fn from(r: ResumeFrame) -> Self {
+        Resume { interruption_id: r.interruption_id, payload: r.payload, resolution: r.resolution }
+    }
+}

@@ -1,0 +1,244 @@
+//! Where stored (single-use) continuations live.
+//!
+//! With the stored codec a token is only a random key; the state stays in a
+//! [`ContinuationStore`]. A resume *acquires* the key (a claim that expires,
+//! so a crashed resumer does not lock it forever), validates everything,
+//! *consumes* it before the first host function runs, and *releases* the
+//! claim on any failure before that point, so a failed or aborted resume does
+//! not burn the token and a used token never resumes twice.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+use std::time::{Duration, SystemTime};
+
+/// The future every store operation returns.
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+
+/// Identifies one claim, so only its holder can consume or release it.
+pub type ClaimId = u128;
+
+/// A continuation as a store keeps it.
+#[derive(Clone, PartialEq, Eq)]
+pub struct StoredContinuation {
+    /// Who may resume it.
+    pub audience: String,
+    /// After this instant it can no longer be acquired.
+    pub expires_at: SystemTime,
+    /// The encoded (and compressed) state.
+    pub state: Vec<u8>,
+}
+
+impl fmt::Debug for StoredContinuation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("StoredContinuation")
+            .field("audience", &self.audience)
+            .field("expires_at", &self.expires_at)
+            .field("state_bytes", &self.state.len())
+            .finish()
+    }
+}
+
+/// Why a store operation failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum StoreError {
+    /// No continuation under this key.
+    NotFound,
+    /// Someone else holds an unexpired claim on it.
+    Claimed,
+    /// It was used already.
+    Consumed,
+    /// It expired.
+    Expired,
+    /// The claim given is not the current one (it expired and was taken over).
+    ClaimLost,
+    /// The key exists already (`set` never overwrites).
+    Duplicate,
+    /// The backend failed; the message is for operators.
+    Backend(String),
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::NotFound => f.write_str("no such continuation"),
+            StoreError::Claimed => f.write_str("the continuation is being resumed by someone else"),
+            StoreError::Consumed => f.write_str("the continuation was used already"),
+            StoreError::Expired => f.write_str("the continuation has expired"),
+            StoreError::ClaimLost => f.write_str("the claim on the continuation expired and was lost"),
+            StoreError::Duplicate => f.write_str("a continuation with this key exists already"),
+            StoreError::Backend(message) => write!(f, "continuation store failed: {message}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// Atomic storage for single-use continuations. Implementations must make
+/// `acquire` exclusive: of any number of concurrent calls for one key, at most
+/// one succeeds while its claim is valid.
+pub trait ContinuationStore: Send + Sync + 'static {
+    /// Saves a new continuation; never overwrites (`Duplicate`).
+    fn set(&self, key: [u8; 32], record: StoredContinuation) -> StoreFuture<'_, ()>;
+    /// Claims the continuation for `lease` and returns it.
+    fn acquire(&self, key: [u8; 32], claim: ClaimId, lease: Duration) -> StoreFuture<'_, StoredContinuation>;
+    /// Marks it used; only the current claim may.
+    fn consume(&self, key: [u8; 32], claim: ClaimId) -> StoreFuture<'_, ()>;
+    /// Gives the claim up; the continuation can be acquired again.
+    fn release(&self, key: [u8; 32], claim: ClaimId) -> StoreFuture<'_, ()>;
+    /// Reads it without claiming (for inspection).
+    fn peek(&self, key: [u8; 32]) -> StoreFuture<'_, StoredContinuation>;
+}
+
+enum Status {
+    Available,
+    Claimed { claim: ClaimId, until: SystemTime },
+    Consumed,
+}
+
+struct Entry {
+    record: StoredContinuation,
+    status: Status,
+}
+
+/// A process-local [`ContinuationStore`], for tests and single-process embedding.
+/// Entries are dropped lazily once expired.
+#[derive(Default)]
+pub struct MemoryContinuationStore {
+    entries: Mutex<HashMap<[u8; 32], Entry>>,
+}
+
+impl MemoryContinuationStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    fn with<T>(&self, f: impl FnOnce(&mut HashMap<[u8; 32], Entry>) -> Result<T, StoreError>) -> Result<T, StoreError> {
+        let mut entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        f(&mut entries)
+    }
+}
+
+impl fmt::Debug for MemoryContinuationStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let count = self.with(|e| Ok(e.len())).unwrap_or(0);
+        f.debug_struct("MemoryContinuationStore").field("entries", &count).finish()
+    }
+}
+
+impl ContinuationStore for MemoryContinuationStore {
+    fn set(&self, key: [u8; 32], record: StoredContinuation) -> StoreFuture<'_, ()> {
+        let result = self.with(|entries| {
+            let now = SystemTime::now();
+            entries.retain(|_, e| e.record.expires_at > now);
+            if entries.contains_key(&key) {
+                return Err(StoreError::Duplicate);
+            }
+            entries.insert(key, Entry { record, status: Status::Available });
+            Ok(())
+        });
+        Box::pin(async move { result })
+    }
+
+    fn acquire(&self, key: [u8; 32], claim: ClaimId, lease: Duration) -> StoreFuture<'_, StoredContinuation> {
+        let result = self.with(|entries| {
+            let entry = entries.get_mut(&key).ok_or(StoreError::NotFound)?;
+            let now = SystemTime::now();
+            if entry.record.expires_at <= now {
+                return Err(StoreError::Expired);
+            }
+            match entry.status {
+                Status::Consumed => return Err(StoreError::Consumed),
+                Status::Claimed { until, .. } if until > now => return Err(StoreError::Claimed),
+                Status::Claimed { .. } | Status::Available => {}
+            }
+            entry.status = Status::Claimed { claim, until: now + lease };
+            Ok(entry.record.clone())
+        });
+        Box::pin(async move { result })
+    }
+
+    fn consume(&self, key: [u8; 32], claim: ClaimId) -> StoreFuture<'_, ()> {
+        let result = self.with(|entries| {
+            let entry = entries.get_mut(&key).ok_or(StoreError::NotFound)?;
+            match entry.status {
+                Status::Claimed { claim: current, .. } if current == claim => {
+                    entry.status = Status::Consumed;
+                    Ok(())
+                }
+                Status::Consumed => Err(StoreError::Consumed),
+                _ => Err(StoreError::ClaimLost),
+            }
+        });
+        Box::pin(async move { result })
+    }
+
+    fn release(&self, key: [u8; 32], claim: ClaimId) -> StoreFuture<'_, ()> {
+        let result = self.with(|entries| {
+            let entry = entries.get_mut(&key).ok_or(StoreError::NotFound)?;
+            match entry.status {
+                Status::Claimed { claim: current, .. } if current == claim => {
+                    entry.status = Status::Available;
+                    Ok(())
+                }
+                Status::Consumed => Err(StoreError::Consumed),
+                _ => Err(StoreError::ClaimLost),
+            }
+        });
+        Box::pin(async move { result })
+    }
+
+    fn peek(&self, key: [u8; 32]) -> StoreFuture<'_, StoredContinuation> {
+        let result = self.with(|entries| {
+            let entry = entries.get(&key).ok_or(StoreError::NotFound)?;
+            match entry.status {
+                Status::Consumed => Err(StoreError::Consumed),
+                _ if entry.record.expires_at <= SystemTime::now() => Err(StoreError::Expired),
+                _ => Ok(entry.record.clone()),
+            }
+        });
+        Box::pin(async move { result })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(ttl: Duration) -> StoredContinuation {
+        StoredContinuation { audience: "a".into(), expires_at: SystemTime::now() + ttl, state: vec![1, 2, 3] }
+    }
+
+    #[tokio::test]
+    async fn claim_consume_release_lifecycle() {
+        let store = MemoryContinuationStore::new();
+        let key = [7u8; 32];
+        store.set(key, record(Duration::from_secs(60))).await.unwrap();
+        assert_eq!(store.set(key, record(Duration::from_secs(60))).await, Err(StoreError::Duplicate));
+        assert_eq!(store.acquire(key, 1, Duration::from_secs(5)).await.unwrap().state, vec![1, 2, 3]);
+        assert_eq!(store.acquire(key, 2, Duration::from_secs(5)).await, Err(StoreError::Claimed));
+        assert_eq!(store.consume(key, 2).await, Err(StoreError::ClaimLost));
+        store.release(key, 1).await.unwrap();
+        store.acquire(key, 3, Duration::from_secs(5)).await.unwrap();
+        store.consume(key, 3).await.unwrap();
+        assert_eq!(store.acquire(key, 4, Duration::from_secs(5)).await, Err(StoreError::Consumed));
+        assert_eq!(store.peek(key).await, Err(StoreError::Consumed));
+        assert_eq!(store.acquire([0; 32], 5, Duration::from_secs(5)).await, Err(StoreError::NotFound));
+    }
+
+    #[tokio::test]
+    async fn expired_claims_can_be_taken_over_and_expired_records_refused() {
+        let store = MemoryContinuationStore::new();
+        let key = [9u8; 32];
+        store.set(key, record(Duration::from_secs(60))).await.unwrap();
+        store.acquire(key, 1, Duration::ZERO).await.unwrap();
+        store.acquire(key, 2, Duration::from_secs(5)).await.unwrap();
+        assert_eq!(store.consume(key, 1).await, Err(StoreError::ClaimLost), "the old claimant lost it");
+        let old = [8u8; 32];
+        store.set(old, record(Duration::ZERO)).await.unwrap();
+        assert_eq!(store.acquire(old, 1, Duration::from_secs(5)).await, Err(StoreError::Expired));
+    }
+}

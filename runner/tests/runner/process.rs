@@ -1,0 +1,145 @@
+use crate::common::*;
+use resumable_runner::codec::{SignedCodec, SignedCodecConfig};
+use resumable_runner::process::ProcessConfig;
+use resumable_runner::{
+    ErrorCode, MemoryContinuationStore, Outcome, Resolution, RunRequest, Runner, RunnerConfig, StoredCodec,
+};
+use serde_json::json;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_resumable-worker");
+
+/// A runner whose workers carry `tag` on their command line (the worker
+/// program ignores it), so a test can find its own children.
+fn process_runner(workers: usize, tag: &str) -> Runner {
+    let codec = SignedCodec::new(SignedCodecConfig::new(SECRET)).unwrap();
+    let processes = ProcessConfig::new(WORKER).arg(format!("--tag={tag}"));
+    Runner::new(RunnerConfig::new().workers(workers).codec(codec).processes(processes)).unwrap()
+}
+
+/// Pids of this process's children started with `tag`, with their state letter.
+fn worker_children(tag: &str) -> Vec<(u32, char)> {
+    let me = std::process::id();
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else { continue };
+        // pid (comm) state ppid …; comm may contain spaces, so split after the last ')'.
+        let Some(rest) = stat.rsplit_once(") ").map(|(_, rest)| rest) else { continue };
+        let mut fields = rest.split_whitespace();
+        let state = fields.next().and_then(|s| s.chars().next()).unwrap_or('?');
+        let parent: u32 = fields.next().and_then(|p| p.parse().ok()).unwrap_or(0);
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        if parent == me && String::from_utf8_lossy(&cmdline).contains(&format!("--tag={tag}")) {
+            out.push((pid, state));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_host_calls_and_interrupts_in_a_worker_process() {
+    let runner = process_runner(1, "basic");
+    let tools = Tools::default();
+    assert_eq!(value(&runner, RunRequest::new("return 6 * 7")).await, json!(42));
+    let source = "const s = await tools.sum(1, 2); await tools.effect(); const ok = await tools.approve(s); \
+                  console.log('done'); return [s, ok]";
+    let first = run(&runner, RunRequest::new(source).host(tools.host())).await.unwrap();
+    let paused = first.interrupted().expect("interrupted").clone();
+    assert_eq!(paused.interruptions[0].id, "interrupt-3");
+    let resumed = RunRequest::new(source)
+        .host(tools.host())
+        .resume(paused.continuation, [Resolution::new("interrupt-3", json!("yes"))]);
+    let Outcome::Completed(done) = run(&runner, resumed).await.unwrap() else { panic!() };
+    assert_eq!(done.value, json!([3, "yes"]));
+    assert_eq!(done.console[0].text, "done");
+    assert_eq!((tools.count("sum"), tools.count("effect"), tools.count("approve")), (1, 1, 2));
+    let err = error(&runner, RunRequest::new("await tools.fail('nope')").host(tools.host())).await;
+    assert_code(&err, ErrorCode::HostFunctionError);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stored_tokens_are_consumed_by_the_parent() {
+    let store = Arc::new(MemoryContinuationStore::new());
+    let runner = Runner::new(
+        RunnerConfig::new().workers(2).codec(StoredCodec::new(store.clone())).processes(ProcessConfig::new(WORKER)),
+    )
+    .unwrap();
+    let tools = Tools::default();
+    let source = "await tools.effect(); return await tools.approve()";
+    let first = run(&runner, RunRequest::new(source).host(tools.host())).await.unwrap();
+    let token = first.interrupted().unwrap().continuation.clone();
+    let resume =
+        || RunRequest::new(source).host(tools.host()).resume(&token, [Resolution::new("interrupt-2", json!(1))]);
+    assert_eq!(value(&runner, resume()).await, json!(1));
+    assert_code(&error(&runner, resume()).await, ErrorCode::ProtocolError);
+    assert_eq!(tools.count("effect"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runaway_native_operations_are_killed_at_the_deadline() {
+    let runner = process_runner(1, "runaway");
+    for source in [
+        "for (;;) JSON.stringify(new Array(1e6).fill(1))",
+        "const big = 'y'.repeat(1e6); for (;;) big.indexOf('x')",
+        "new Array(1e8).join(',')",
+    ] {
+        let started = Instant::now();
+        let err = error(&runner, RunRequest::new(source).limits(timeout_ms(100))).await;
+        let elapsed = started.elapsed();
+        assert_code(&err, ErrorCode::Timeout);
+        assert!(elapsed < Duration::from_millis(400), "{source}: {elapsed:?}");
+        assert_eq!(value(&runner, RunRequest::new("return 'fresh worker'")).await, json!("fresh worker"));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_worker_fails_only_its_run() {
+    let runner = process_runner(1, "crash");
+    let pending = tokio::spawn({
+        let runner = runner.clone();
+        async move { runner.run(RunRequest::new("while (true) {}").limits(timeout_ms(10_000))).await }
+    });
+    let mut victim = None;
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        if let Some(&(pid, _)) = worker_children("crash").first() {
+            victim = Some(pid);
+            break;
+        }
+    }
+    let pid = victim.expect("a worker process is running");
+    // Rust's runtime handles the first SIGSEGV (to report stack overflows) and
+    // then restores the default action; the second one crashes the worker as
+    // a real segmentation fault would. SAFETY: signalling a child of this test.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSEGV) }, 0);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    unsafe { libc::kill(pid as i32, libc::SIGSEGV) };
+    let err = pending.await.unwrap().unwrap_err();
+    assert_code(&err, ErrorCode::Error);
+    assert!(err.retryable, "a crash is worth retrying: {err}");
+    assert_eq!(value(&runner, RunRequest::new("return 'recovered'")).await, json!("recovered"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn workers_inherit_no_environment_and_leave_no_zombies() {
+    let runner = process_runner(2, "zombies");
+    assert_eq!(value(&runner, RunRequest::new("return 1")).await, json!(1));
+    let started = worker_children("zombies");
+    assert!(!started.is_empty());
+    for (pid, _) in started {
+        let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
+        assert!(environ.is_empty(), "worker {pid} inherited environment: {}", String::from_utf8_lossy(&environ));
+    }
+    for _ in 0..100 {
+        let err =
+            error(&runner, RunRequest::new("for (;;) JSON.stringify(new Array(1e5).fill(1))").limits(timeout_ms(5)))
+                .await;
+        assert_code(&err, ErrorCode::Timeout);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let children = worker_children("zombies");
+    assert!(children.iter().all(|&(_, state)| state != 'Z'), "zombies: {children:?}");
+    assert!(children.len() <= 2, "at most one process per worker slot: {children:?}");
+}
