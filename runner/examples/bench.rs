@@ -4,10 +4,13 @@
 //! object with the same keys and shapes as `shared/peers/bench-run.mjs`
 //! (timed figures as `{n, min, median, mean, max}` in milliseconds), so the
 //! numbers can be compared with Vercel `run` and modebox in one sitting.
-//! `--rss` is internal: the child process for workload h.
+//! `--processes` runs the scripts in worker processes (this program started as
+//! `__worker`) instead of threads. `--rss` is internal: the child process for
+//! workload h.
 
 use resumable_runner::codec::{SignedCodec, SignedCodecConfig};
 use resumable_runner::host::{HostError, HostFunctions};
+use resumable_runner::process::{ProcessConfig, WORKER_ARGUMENT, serve_worker};
 use resumable_runner::{Outcome, Resolution, RunRequest, Runner, RunnerConfig};
 use serde_json::{Map, Value, json};
 use std::time::Instant;
@@ -165,9 +168,14 @@ fn current_rss_bytes() -> u64 {
         .unwrap_or(0)
 }
 
+/// Thread workers by default; worker processes (this program as `__worker`) with `--processes`.
 fn new_runner() -> Runner {
     let codec = SignedCodec::new(SignedCodecConfig::new(SECRET)).expect("valid secret");
-    Runner::new(RunnerConfig::new().codec(codec)).expect("runner starts")
+    let mut config = RunnerConfig::new().codec(codec);
+    if std::env::args().any(|a| a == "--processes") {
+        config = config.processes(ProcessConfig::current_exe().expect("own path"));
+    }
+    Runner::new(config).expect("runner starts")
 }
 
 /// A tight loop of one workload, for profilers: `bench --profile trivial|calls|cpu N`.
@@ -234,7 +242,8 @@ async fn bench() {
     let mut out = Map::new();
     out.insert("peer".into(), json!("resumable"));
     out.insert("version".into(), json!(env!("CARGO_PKG_VERSION")));
-    out.insert("runtime".into(), json!("rquickjs 0.14 (quickjs-ng), thread workers"));
+    let mode = if std::env::args().any(|a| a == "--processes") { "process" } else { "thread" };
+    out.insert("runtime".into(), json!(format!("rquickjs 0.14 (quickjs-ng), {mode} workers")));
     out.insert("cores".into(), json!(std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0)));
     let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
     let load: Vec<f64> = load.split_whitespace().take(3).filter_map(|v| v.parse().ok()).collect();
@@ -311,7 +320,9 @@ async fn bench() {
     out.insert("g_parallel8_runs_per_sec".into(), json!(r3(8000.0 / median)));
 
     let exe = std::env::current_exe().expect("own path");
-    let child = std::process::Command::new(exe).arg("--rss").output().expect("rss child");
+    let mut rss = std::process::Command::new(exe);
+    rss.arg("--rss").args(std::env::args().filter(|a| a == "--processes"));
+    let child = rss.output().expect("rss child");
     let h: Value = serde_json::from_slice(&child.stdout).expect("rss child output");
     for key in ["baseline_peak_rss_bytes", "peak_rss_bytes", "current_rss_bytes"] {
         out.insert(format!("h_{key}"), h[key].clone());
@@ -320,6 +331,9 @@ async fn bench() {
 }
 
 fn main() {
+    if std::env::args().nth(1).as_deref() == Some(WORKER_ARGUMENT) {
+        serve_worker();
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio");
     let args: Vec<String> = std::env::args().collect();
     if let Some(i) = args.iter().position(|a| a == "--profile") {

@@ -25,3 +25,18 @@ pub use continuation::{ContinuationCodec, Inspection, StoredCodec};
 pub use resumable_host as host;
 pub use runner::{ConfigError, DEFAULT_AUDIENCE, RunRequest, Runner, RunnerConfig};
 pub use store::{ClaimId, ContinuationStore, MemoryContinuationStore, StoreError, StoreFuture, StoredContinuation};
+
+/// Entry points for the fuzz targets in `fuzz/` (compiled only under `cargo fuzz`).
+#[cfg(fuzzing)]
+pub mod fuzzing {
+    /// Decodes `body` as a state body (its checksum added, so the fuzzer
+    /// reaches the parser) and also as a compressed state; never panics.
+    pub fn decode_state(body: &[u8]) -> bool {
+        let mut bytes = body.to_vec();
+        bytes.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
+        let parsed = crate::state::ContinuationState::decode(&bytes).is_ok();
+        let unpacked = crate::codec::decompress(body, 32 << 20)
+            .is_ok_and(|raw| crate::state::ContinuationState::decode(&raw).is_ok());
+        parsed || unpacked
+    }
+}

@@ -3,9 +3,10 @@
 //! The state is encoded as a versioned binary record (LEB128 lengths, raw
 //! UTF-8, little-endian floats) rather than JSON: JSON values recorded from
 //! host calls are kept as their exact text, so decoding a large ledger is
-//! little more than a bounds-checked copy. Decoding is strict: every length is
-//! checked, every text must be UTF-8 (and JSON where JSON is expected), and
-//! trailing bytes are refused.
+//! little more than a bounds-checked copy. Decoding is strict: a CRC-32 trailer
+//! must match (so corruption, or a byte changed by whoever holds the key, is
+//! caught before anything else is read), every length is checked, every text
+//! must be UTF-8 (and JSON where JSON is expected), and trailing bytes are refused.
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -100,11 +101,19 @@ impl ContinuationState {
             }
             w.0.extend_from_slice(&entry.clock.to_le_bytes());
         }
+        let checksum = crc32fast::hash(&w.0);
+        w.0.extend_from_slice(&checksum.to_le_bytes());
         w.0
     }
 
     /// Decodes and validates a state; the error says what is wrong.
     pub(crate) fn decode(bytes: &[u8]) -> Result<Self, String> {
+        let Some((bytes, checksum)) = bytes.split_last_chunk::<4>() else {
+            return Err("state is truncated".into());
+        };
+        if crc32fast::hash(bytes) != u32::from_le_bytes(*checksum) {
+            return Err("state checksum mismatch".into());
+        }
         let mut r = Reader { bytes, pos: 0 };
         if r.take(4)? != MAGIC {
             return Err("not a continuation state".into());
@@ -398,6 +407,33 @@ mod tests {
         let mut longer = bytes.clone();
         longer.push(0);
         assert!(ContinuationState::decode(&longer).is_err());
+    }
+
+    #[test]
+    fn ten_thousand_seeded_byte_mutations_are_refused() {
+        let bytes = sample().encode();
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for case in 0..10_000 {
+            let mut mutated = bytes.clone();
+            let at = (next() % mutated.len() as u64) as usize;
+            match case % 4 {
+                0 => mutated[at] ^= 1 << (next() % 8),
+                1 => mutated[at] = mutated[at].wrapping_add(1 + (next() % 255) as u8),
+                2 => {
+                    mutated.insert(at, next() as u8);
+                }
+                _ => {
+                    mutated.remove(at);
+                }
+            }
+            assert!(ContinuationState::decode(&mutated).is_err(), "case {case} was accepted");
+        }
     }
 
     #[test]

@@ -9,6 +9,7 @@ use crate::job::RawOutcome;
 use crate::link::CatchUnwind;
 use resumable_host::{CancelSignal, HostCallContext, HostFunctions, HostResult};
 use serde_json::Value;
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -81,7 +82,13 @@ impl ProcessPool {
         host_cancel.cancel();
         match ending {
             Ending::Answered(result) => {
-                self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(worker);
+                // Replaced well before its CPU-time limit (RLIMIT_CPU) would kill it mid-run.
+                if cpu_seconds_used(&worker.child).is_some_and(|used| used * 2 >= self.config.cpu_seconds) {
+                    let _ = worker.child.start_kill();
+                    let _ = worker.child.wait().await;
+                } else {
+                    self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(worker);
+                }
                 result
             }
             Ending::Lost(error) => {
@@ -133,6 +140,17 @@ impl ProcessPool {
         });
         Ok(Worker { child, stdin, frames })
     }
+}
+
+/// CPU seconds (user + system) a child has used, from `/proc`.
+fn cpu_seconds_used(child: &Child) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", child.id()?)).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(") ")?.1.split_whitespace().collect();
+    // After the command name: state is field 3, utime and stime are fields 14 and 15.
+    let ticks: u64 = fields.get(11)?.parse::<u64>().ok()? + fields.get(12)?.parse::<u64>().ok()?;
+    // SAFETY: sysconf has no preconditions.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) }.max(1) as u64;
+    Some(ticks / per_second)
 }
 
 struct Decrement<'a>(&'a AtomicUsize);
@@ -206,11 +224,26 @@ impl Session {
                             resume.map(Into::into),
                             self.host_cancel.clone(),
                         );
-                        let future = self.host.call(&function, context, arguments);
-                        let results = results.clone();
-                        tasks.push(tokio::spawn(async move {
-                            let _ = results.send((index, CatchUnwind(future).await));
-                        }));
+                        let mut future = CatchUnwind(self.host.call(&function, context, arguments));
+                        // Answer at once when the host function does not wait.
+                        let ready = std::future::poll_fn(|cx| {
+                            std::task::Poll::Ready(std::pin::Pin::new(&mut future).poll(cx))
+                        })
+                        .await;
+                        match ready {
+                            std::task::Poll::Ready(result) => {
+                                let outcome = CallOutcomeFrame::from(result);
+                                if write(&mut worker.stdin, &ToChild::Settled { index, outcome }).await.is_err() {
+                                    break lost("stopped reading");
+                                }
+                            }
+                            std::task::Poll::Pending => {
+                                let results = results.clone();
+                                tasks.push(tokio::spawn(async move {
+                                    let _ = results.send((index, future.await));
+                                }));
+                            }
+                        }
                     }
                     Some(ToParent::Consume) => {
                         let answer = match &self.claim {

@@ -9,7 +9,7 @@
 //! * the logical clock moves to the settle's recorded time at each settle.
 
 use super::console::ConsoleBuffer;
-use super::engine::{Engine, Realm, RealmShared};
+use super::engine::{Engine, GC_HEADROOM, Realm, RealmShared};
 use super::interrupt::RunGuard;
 use super::js;
 use super::serialize::{ClassIds, MAX_DEPTH, Mode, SerializeError, Serializer, js_string};
@@ -37,8 +37,6 @@ use std::time::{Duration, Instant};
 
 /// Room beyond twice the stack limit before the engine's own check refuses a frame.
 const ENGINE_STACK_SLACK: usize = 1024 * 1024;
-/// Most garbage left between collections.
-const GC_HEADROOM: usize = 4 * 1024 * 1024;
 /// Longest text of one console argument.
 const CONSOLE_ARGUMENT_BYTES: usize = 16 * 1024;
 
@@ -63,8 +61,8 @@ pub(crate) fn execute(engine: &mut Engine, job: &mut Job) -> Result<RawOutcome, 
     realm.shared.clock.set(job.replay.start_clock);
     *realm.shared.rng.borrow_mut() = SeededRandom::new(job.replay.seed);
     let budget = job.limits.usize(Limit::Memory);
-    // Garbage of earlier realms is collected once this much more is allocated,
-    // well inside the budget so that garbage never looks like a script's memory.
+    // Garbage the script makes is collected well inside its budget, so that
+    // garbage never looks like the script's memory.
     engine.runtime.set_gc_threshold(engine.meter.used() + (budget / 2).min(GC_HEADROOM));
     engine.meter.start_budget(budget);
 

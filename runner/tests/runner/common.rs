@@ -125,3 +125,26 @@ pub fn timeout_ms(ms: i128) -> LimitOverrides {
 pub fn assert_code(error: &RunError, code: ErrorCode) {
     assert_eq!(error.code, code, "{error}");
 }
+
+/// Decodes a signed continuation's state, lets `edit` change it, fixes its
+/// checksum and signs it again: what a holder of the secret could forge.
+pub fn forge(token: &str, edit: impl FnOnce(&mut Vec<u8>)) -> String {
+    use resumable_runner::codec::{compress, decompress};
+    let codec = SignedCodec::new(SignedCodecConfig::new(SECRET)).unwrap();
+    let now = std::time::SystemTime::now();
+    let (header, compressed) = codec.decode_unscoped(token, now).unwrap();
+    let mut state = decompress(&compressed, 1 << 24).unwrap();
+    state.truncate(state.len() - 4);
+    edit(&mut state);
+    let checksum = crc32fast::hash(&state);
+    state.extend_from_slice(&checksum.to_le_bytes());
+    codec.encode(&compress(&state), &header.audience, now)
+}
+
+/// [`forge`] replacing the first occurrence of `from` with `to`.
+pub fn forge_replacing(token: &str, from: &[u8], to: &[u8]) -> String {
+    forge(token, |state| {
+        let at = state.windows(from.len()).position(|w| w == from).expect("the bytes to rewrite");
+        state.splice(at..at + from.len(), to.iter().copied());
+    })
+}

@@ -160,18 +160,11 @@ async fn a_changed_scope_is_refused_before_any_host_call() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ledger_that_disagrees_with_the_script_is_refused_before_any_host_call() {
-    use resumable_runner::codec::{SignedCodec, SignedCodecConfig};
     let runner = runner();
     let tools = Tools::default();
     let source = "const n = await tools.echo(1); await tools.effect(); return await tools.approve(n)";
     let first = suspended(&runner, RunRequest::new(source).host(tools.host())).await;
-    let codec = SignedCodec::new(SignedCodecConfig::new(SECRET)).unwrap();
-    let now = std::time::SystemTime::now();
-    let (header, state) = codec.decode_unscoped(&first.continuation, now).unwrap();
-    let at = state.windows(3).position(|w| w == b"[1]").expect("recorded arguments");
-    let mut forged = state.clone();
-    forged[at + 1] = b'2';
-    let token = codec.encode(&forged, &header.audience, now);
+    let token = forge_replacing(&first.continuation, b"[1]", b"[2]");
     let before = tools.total();
     let err = error(
         &runner,
@@ -232,4 +225,33 @@ async fn interrupting_without_a_secret_is_a_configuration_error() {
     let err = error(&runner, RunRequest::new("return await tools.approve()").host(tools.host())).await;
     assert_code(&err, ErrorCode::ConfigurationError);
     assert!(err.message.contains("secret"), "{}", err.message);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutated_states_resigned_with_the_right_key_are_refused_before_any_host_call() {
+    use resumable_runner::codec::{SignedCodec, SignedCodecConfig, compress, decompress};
+    let runner = runner();
+    let tools = Tools::default();
+    let source = "const n = await tools.echo(1); await tools.effect(); return await tools.approve(n)";
+    let first = suspended(&runner, RunRequest::new(source).host(tools.host())).await;
+    let codec = SignedCodec::new(SignedCodecConfig::new(SECRET)).unwrap();
+    let now = std::time::SystemTime::now();
+    let (header, compressed) = codec.decode_unscoped(&first.continuation, now).unwrap();
+    let state = decompress(&compressed, 1 << 20).unwrap();
+    let before = tools.total();
+    let mut seed = 0xD1B5_4A32_D192_ED03u64;
+    for case in 0..300 {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        let mut mutated = state.clone();
+        let at = (seed % mutated.len() as u64) as usize;
+        mutated[at] ^= 1 << (case % 8);
+        let token = codec.encode(&compress(&mutated), &header.audience, now);
+        let request =
+            RunRequest::new(source).host(tools.host()).resume(token, [Resolution::new("interrupt-3", json!(1))]);
+        let err = error(&runner, request).await;
+        assert_code(&err, ErrorCode::ProtocolError);
+    }
+    assert_eq!(tools.total(), before, "no mutated state reached a host function");
 }

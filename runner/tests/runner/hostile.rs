@@ -11,11 +11,10 @@ use crate::common::*;
 use resumable_runner::codec::{SignedCodec, SignedCodecConfig};
 use resumable_runner::host::HostFunctions;
 use resumable_runner::{
-    ConsoleLevel, DEFAULT_AUDIENCE, ErrorCode, Limit, LimitOverrides, Outcome, Resolution, RunError, RunRequest,
-    Runner, RunnerConfig,
+    ConsoleLevel, ErrorCode, Limit, LimitOverrides, Outcome, Resolution, RunError, RunRequest, Runner, RunnerConfig,
 };
 use serde_json::{Value, json};
-use std::time::{Duration, Instant, SystemTime};
+use std::time::{Duration, Instant};
 
 /// Proxy traps that spin forever. `get` answers `then` with `undefined`:
 /// promise resolution asks for it, which is the guest's own semantics.
@@ -843,14 +842,6 @@ async fn a_frame_larger_than_the_stack_limit_cannot_be_caught() {
     assert!(err.message.contains("stack limit"), "{}", err.message);
 }
 
-/// Rewrites bytes of a continuation's state and signs it again (the tests know the secret).
-fn forge(codec: &SignedCodec, token: &str, from: &[u8], to: &[u8]) -> String {
-    let mut state = codec.decode(token, DEFAULT_AUDIENCE, SystemTime::now()).unwrap();
-    let at = state.windows(from.len()).position(|w| w == from).expect("the bytes to rewrite");
-    state.splice(at..at + from.len(), to.iter().copied());
-    codec.encode(&state, DEFAULT_AUDIENCE, SystemTime::now())
-}
-
 /// A run that ends with a latched error that does not throw the engine away
 /// (here `RUN_PROTOCOL_ERROR`, when the script diverges from its continuation)
 /// leaves its pending jobs in the worker's runtime; the *next* run on that
@@ -863,7 +854,7 @@ fn forge(codec: &SignedCodec, token: &str, from: &[u8], to: &[u8]) -> String {
 async fn a_diverged_run_leaves_no_work_for_the_next_run() {
     for (job, what) in [("for (;;) {}", "a spinning job"), ("globalThis.x = 'y'.repeat(2 ** 27)", "an allocating job")]
     {
-        let (runner, codec) = single_worker();
+        let (runner, _) = single_worker();
         let tools = Tools::default();
         // The job is harmless in the first run (the call returns first) and
         // left pending in the resume (the call throws uncatchably first).
@@ -873,7 +864,7 @@ async fn a_diverged_run_leaves_no_work_for_the_next_run() {
         );
         let first = run(&runner, RunRequest::new(source.clone()).host(tools.host())).await.unwrap();
         let token = first.interrupted().unwrap().continuation.clone();
-        let forged = forge(&codec, &token, b"[1]", b"[2]");
+        let forged = forge_replacing(&token, b"[1]", b"[2]");
         let resume =
             RunRequest::new(source).host(tools.host()).resume(forged, [Resolution::new("interrupt-1", json!(1))]);
         let err = fails(&runner, resume, ErrorCode::ProtocolError, TWO_SECONDS, "diverged resume").await;

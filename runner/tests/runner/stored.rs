@@ -121,3 +121,43 @@ async fn inspection_describes_without_consuming() {
 fn runner_signed() -> Runner {
     runner()
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutated_and_truncated_stored_tokens_are_refused() {
+    let store = Arc::new(MemoryContinuationStore::new());
+    let runner = stored_runner(&store);
+    let tools = Tools::default();
+    let token = first_token(&runner, &tools).await;
+    let alphabet: Vec<char> = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_.= ".chars().collect();
+    let mut seed = 0x2545_F491_4F6C_DD1Du64;
+    let mut next = move || {
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        seed
+    };
+    let before = tools.total();
+    let mut tried = 0;
+    for case in 0..2000 {
+        let candidate: String = if case < 1000 {
+            let mut chars: Vec<char> = token.chars().collect();
+            let at = (next() % chars.len() as u64) as usize;
+            let replacement = alphabet[(next() % alphabet.len() as u64) as usize];
+            if chars[at] == replacement {
+                continue;
+            }
+            chars[at] = replacement;
+            chars.into_iter().collect()
+        } else if case % 2 == 0 {
+            token[..(next() % token.len() as u64) as usize].to_string()
+        } else {
+            format!("{token}{}", alphabet[(next() % alphabet.len() as u64) as usize])
+        };
+        let err = error(&runner, resume(&tools, &candidate)).await;
+        assert_code(&err, ErrorCode::ProtocolError);
+        tried += 1;
+    }
+    assert!(tried > 1900);
+    assert_eq!(tools.total(), before);
+    assert_eq!(value(&runner, resume(&tools, &token)).await, json!(true), "the real token still works");
+}
