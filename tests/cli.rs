@@ -196,3 +196,62 @@ fn built_example(name: &str) -> Option<PathBuf> {
         }
     }
 }
+
+/// A continuation paused on one `tools.approve` call, made with `codec`.
+fn paused_token(codec: impl Into<resumable::runner::ContinuationCodec>) -> String {
+    use resumable::{HostFunctions, RunRequest, Runner, RunnerConfig};
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().unwrap();
+    let runner = Runner::new(RunnerConfig::new().workers(1).codec(codec)).unwrap();
+    let host = HostFunctions::builder()
+        .function("tools.approve", |ctx, _args| async move { Err(ctx.interrupt(serde_json::json!({ "kind": "ok?" }))) })
+        .build()
+        .unwrap();
+    let outcome = runtime.block_on(runner.run(RunRequest::new("return await tools.approve(7)").host(host))).unwrap();
+    outcome.interrupted().expect("paused").continuation.clone()
+}
+
+#[test]
+fn inspect_verifies_signed_and_sealed_tokens() {
+    use resumable::runner::codec::SealedCodec;
+    use resumable::{SignedCodec, SignedCodecConfig};
+    let secret = "an-inspection-secret-of-at-least-32-bytes";
+    let signed = paused_token(SignedCodec::new(SignedCodecConfig::new(secret)).unwrap());
+    let sealed = paused_token(SealedCodec::new(SignedCodecConfig::new(secret)).unwrap());
+    for token in [&signed, &sealed] {
+        let out = Command::new(env!("CARGO_BIN_EXE_resumable"))
+            .args(["inspect", token])
+            .env("RESUMABLE_SECRET", secret)
+            .output()
+            .unwrap();
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(report["status"], "valid");
+        let interruption = &report["continuation"]["interruptions"][0];
+        assert_eq!(interruption["id"], "interrupt-1");
+        assert_eq!(interruption["arguments"], serde_json::json!([7]));
+        assert!(!String::from_utf8_lossy(&out.stdout).contains(secret));
+    }
+    let mut tampered = signed.clone();
+    tampered.replace_range(5..6, if &signed[5..6] == "A" { "B" } else { "A" });
+    let out = Command::new(env!("CARGO_BIN_EXE_resumable"))
+        .args(["inspect", &tampered])
+        .env("RESUMABLE_SECRET", secret)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["error"]["code"], "RUN_PROTOCOL_ERROR");
+    let out = Command::new(env!("CARGO_BIN_EXE_resumable"))
+        .args(["inspect", &signed])
+        .env_remove("RESUMABLE_SECRET")
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(out.stdout.is_empty());
+}

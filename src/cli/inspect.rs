@@ -3,6 +3,7 @@
 use super::usage_error;
 use clap::Args;
 use resumable::runner::ContinuationCodec;
+use resumable::runner::codec::SealedCodec;
 use resumable::{SignedCodec, SignedCodecConfig};
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -37,15 +38,20 @@ pub fn execute(args: InspectArgs) -> ExitCode {
         Ok(secret) => secret,
         Err(message) => return usage_error(message),
     };
-    let codec = match SignedCodec::new(SignedCodecConfig::new(secret)) {
-        Ok(codec) => ContinuationCodec::from(codec),
-        Err(err) => return usage_error(err),
+    let config = SignedCodecConfig::new(secret);
+    let codecs = match (SignedCodec::new(config.clone()), SealedCodec::new(config)) {
+        (Ok(signed), Ok(sealed)) => [ContinuationCodec::from(signed), ContinuationCodec::from(sealed)],
+        (Err(err), _) | (_, Err(err)) => return usage_error(err),
     };
     let runtime = match tokio::runtime::Builder::new_current_thread().build() {
         Ok(runtime) => runtime,
         Err(err) => return usage_error(format_args!("cannot start the async runtime: {err}")),
     };
-    let (line, status) = match runtime.block_on(codec.inspect(args.token.trim())) {
+    // A signed token has three parts (header.state.mac), a sealed one two (header.sealed).
+    let token = args.token.trim();
+    let codec = if token.split('.').count() == 2 { &codecs[1] } else { &codecs[0] };
+    let inspected = runtime.block_on(codec.inspect(token));
+    let (line, status) = match inspected {
         Ok(seen) => (serde_json::json!({ "status": "valid", "continuation": seen }), 0),
         Err(err) => {
             (serde_json::json!({ "status": "rejected", "error": { "code": err.code, "message": err.message } }), 1)

@@ -40,7 +40,7 @@ impl ProcessConfig {
         ProcessConfig {
             program: program.into(),
             args: Vec::new(),
-            grace: Duration::from_millis(50),
+            grace: Duration::from_millis(30),
             address_space_bytes: 16 * 1024 * 1024 * 1024,
             cpu_seconds: 3600,
         }
@@ -58,7 +58,7 @@ impl ProcessConfig {
         self
     }
 
-    /// Time a child gets past its run's deadline before it is killed (default 50 ms).
+    /// Time a child gets past its run's deadline before it is killed (default 30 ms).
     pub fn grace(mut self, grace: Duration) -> Self {
         self.grace = grace;
         self
