@@ -213,41 +213,16 @@ impl ContinuationCodec {
 
     /// Verifies `token` for `audience` and decodes its state; a stored token is claimed.
     pub(crate) async fn open(&self, token: &str, audience: &str, limits: &Limits) -> Result<Opened, RunError> {
-        match self {
-            ContinuationCodec::Signed(_) | ContinuationCodec::Sealed(_) => {
-                if token.len() as u64 > limits.get(Limit::Continuation) {
-                    return Err(rejected("token is larger than the continuation limit"));
-                }
-                let now = SystemTime::now();
-                let bytes = match self {
-                    ContinuationCodec::Signed(codec) => codec.decode(token, audience, now),
-                    ContinuationCodec::Sealed(codec) => codec.decode(token, audience, now),
-                    ContinuationCodec::Stored(_) => unreachable!("matched above"),
-                }
-                .map_err(token_error)?;
-                Ok(Opened { state: decode_state(&bytes, limits)?, claim: None })
-            }
-            ContinuationCodec::Stored(codec) => {
-                let key = parse_key(token)?;
-                let mut id = [0u8; 16];
-                getrandom::fill(&mut id).map_err(|e| RunError::internal(format!("no randomness for a claim: {e}")))?;
-                let id = ClaimId::from_le_bytes(id);
-                let record = codec.store.acquire(key, id, codec.lease).await.map_err(store_error)?;
-                let claim = Arc::new(Claim { store: codec.store.clone(), key, id, consumed: AtomicBool::new(false) });
-                let checked = if record.audience != audience {
-                    Err(rejected("token was issued for another audience"))
-                } else {
-                    decode_state(&record.state, limits)
-                };
-                match checked {
-                    Ok(state) => Ok(Opened { state, claim: Some(claim) }),
-                    Err(error) => {
-                        claim.release_unless_consumed().await;
-                        Err(error)
-                    }
-                }
-            }
+        if token.len() as u64 > limits.get(Limit::Continuation) {
+            return Err(rejected("token is larger than the continuation limit"));
         }
+        let now = SystemTime::now();
+        let decoded = match self {
+            ContinuationCodec::Signed(codec) => codec.decode(token, audience, now),
+            ContinuationCodec::Sealed(codec) => codec.decode(token, audience, now),
+            ContinuationCodec::Stored(codec) => return open_stored(codec, token, audience, limits).await,
+        };
+        Ok(Opened { state: decode_state(&decoded.map_err(token_error)?, limits)?, claim: None })
     }
 
     /// Verifies `token` and describes it without using it (no audience is
@@ -286,6 +261,29 @@ impl ContinuationCodec {
 }
 
 /// Decompresses (never beyond the continuation limit) and decodes a state.
+/// Claims a stored token and decodes its state; the claim is released again
+/// if the token turns out not to fit this run.
+async fn open_stored(codec: &StoredCodec, token: &str, audience: &str, limits: &Limits) -> Result<Opened, RunError> {
+    let key = parse_key(token)?;
+    let mut id = [0u8; 16];
+    getrandom::fill(&mut id).map_err(|e| RunError::internal(format!("no randomness for a claim: {e}")))?;
+    let id = ClaimId::from_le_bytes(id);
+    let record = codec.store.acquire(key, id, codec.lease).await.map_err(store_error)?;
+    let claim = Arc::new(Claim { store: codec.store.clone(), key, id, consumed: AtomicBool::new(false) });
+    let checked = if record.audience != audience {
+        Err(rejected("token was issued for another audience"))
+    } else {
+        decode_state(&record.state, limits)
+    };
+    match checked {
+        Ok(state) => Ok(Opened { state, claim: Some(claim) }),
+        Err(error) => {
+            claim.release_unless_consumed().await;
+            Err(error)
+        }
+    }
+}
+
 fn decode_state(bytes: &[u8], limits: &Limits) -> Result<ContinuationState, RunError> {
     let limit = limits.usize(Limit::Continuation);
     let bytes = decompress(bytes, limit).map_err(|e| token_error(e.into()))?;
