@@ -132,6 +132,14 @@ async fn workers_inherit_no_environment_and_leave_no_zombies() {
     for (pid, _) in started {
         let environ = std::fs::read(format!("/proc/{pid}/environ")).unwrap_or_default();
         assert!(environ.is_empty(), "worker {pid} inherited environment: {}", String::from_utf8_lossy(&environ));
+        let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+        let limit = |name: &str| {
+            let line = limits.lines().find(|l| l.starts_with(name)).unwrap_or_default();
+            line[name.len()..].split_whitespace().next().unwrap_or_default().to_string()
+        };
+        assert_eq!(limit("Max address space"), (16u64 << 30).to_string(), "{limits}");
+        assert_eq!(limit("Max cpu time"), "3600", "{limits}");
+        assert_eq!(limit("Max core file size"), "0", "{limits}");
     }
     for _ in 0..100 {
         let err =
