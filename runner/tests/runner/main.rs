@@ -6,7 +6,6 @@ mod common;
 mod continuations;
 mod limits;
 mod process;
-mod replay_model;
 mod sandbox;
 mod stored;
 
