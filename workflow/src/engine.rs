@@ -1,0 +1,257 @@
+//! The engine: registered workflows, the public API, and the workers that execute runs.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinHandle;
+
+use crate::context::WorkflowContext;
+use crate::error::{EngineError, WorkflowError};
+use crate::event::Event;
+use crate::execution::{Abort, Execution};
+use crate::hook::{HookInfo, ResumeReceipt};
+use crate::ids::{RunId, random_hex};
+use crate::registry::Registry;
+use crate::run::{RunInfo, RunStatus, StartOptions};
+use crate::store::{NewRun, Store};
+use crate::worker;
+
+/// Tuning of an [`Engine`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EngineOptions {
+    /// Concurrent executions (worker tasks); 0 makes a client-only engine that executes nothing.
+    pub workers: usize,
+    /// How long a claim lasts without a heartbeat; a crashed worker's runs are taken over after it.
+    pub lease: Duration,
+    /// The fallback poll interval (wake-ups inside one process are immediate; this catches work
+    /// created by other processes sharing the database).
+    pub poll_interval: Duration,
+    /// The lease owner name of this engine's workers (random by default).
+    pub owner: Option<String>,
+}
+
+impl Default for EngineOptions {
+    fn default() -> EngineOptions {
+        EngineOptions { workers: 4, lease: Duration::from_secs(30), poll_interval: Duration::from_secs(1), owner: None }
+    }
+}
+
+/// What the engine and its workers share.
+pub(crate) struct Shared {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) registry: Registry,
+    pub(crate) options: EngineOptions,
+    pub(crate) owner: String,
+    /// Signalled when a run may have become claimable.
+    pub(crate) wake: Notify,
+    /// Signalled when a run changed state (for waiters).
+    pub(crate) changed: Notify,
+    /// Executions in progress in this process, to abort them at once on cancel.
+    pub(crate) executing: Mutex<HashMap<RunId, Arc<Execution>>>,
+}
+
+/// Stops the workers when the last [`Engine`] handle is dropped.
+struct Lifetime {
+    shutdown: watch::Sender<bool>,
+    workers: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for Lifetime {
+    fn drop(&mut self) {
+        let _ = self.shutdown.send(true);
+    }
+}
+
+/// Builds an [`Engine`]: register the workflows, then [`build`](EngineBuilder::build).
+pub struct EngineBuilder {
+    store: Arc<dyn Store>,
+    registry: Registry,
+    options: EngineOptions,
+}
+
+impl EngineBuilder {
+    /// Registers a workflow under `name`:
+    /// `async fn(ctx: WorkflowContext, input: Value) -> Result<Value, WorkflowError>`.
+    pub fn register<F, Fut>(mut self, name: &str, f: F) -> EngineBuilder
+    where
+        F: Fn(WorkflowContext, Value) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<Value, WorkflowError>> + Send + 'static,
+    {
+        self.registry.insert(name, f);
+        self
+    }
+
+    /// Replaces all options.
+    pub fn options(mut self, options: EngineOptions) -> EngineBuilder {
+        self.options = options;
+        self
+    }
+
+    /// Sets the number of workers.
+    pub fn workers(mut self, workers: usize) -> EngineBuilder {
+        self.options.workers = workers;
+        self
+    }
+
+    /// Sets the lease duration.
+    pub fn lease(mut self, lease: Duration) -> EngineBuilder {
+        self.options.lease = lease;
+        self
+    }
+
+    /// Sets the fallback poll interval.
+    pub fn poll_interval(mut self, interval: Duration) -> EngineBuilder {
+        self.options.poll_interval = interval;
+        self
+    }
+
+    /// Starts the engine's workers on the current Tokio runtime. They pick up at once the runs
+    /// left pending, waiting on due timers, or held by expired leases (for example after a crash).
+    ///
+    /// # Panics
+    /// Outside a Tokio runtime.
+    pub fn build(self) -> Engine {
+        let owner = self.options.owner.clone().unwrap_or_else(|| format!("engine-{}", random_hex(8)));
+        let shared = Arc::new(Shared {
+            store: self.store,
+            registry: self.registry,
+            options: self.options,
+            owner,
+            wake: Notify::new(),
+            changed: Notify::new(),
+            executing: Mutex::new(HashMap::new()),
+        });
+        let (shutdown, rx) = watch::channel(false);
+        let workers = (0..shared.options.workers)
+            .map(|_| tokio::spawn(worker::run_worker(Arc::clone(&shared), rx.clone())))
+            .collect();
+        Engine { shared, lifetime: Arc::new(Lifetime { shutdown, workers: Mutex::new(workers) }) }
+    }
+}
+
+/// The durable workflow engine. Cheap to clone; the workers stop when the last clone is dropped
+/// or on [`shutdown`](Engine::shutdown).
+#[derive(Clone)]
+pub struct Engine {
+    shared: Arc<Shared>,
+    lifetime: Arc<Lifetime>,
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine").field("owner", &self.shared.owner).field("options", &self.shared.options).finish()
+    }
+}
+
+impl Engine {
+    /// Starts building an engine over `store`.
+    pub fn builder(store: Arc<dyn Store>) -> EngineBuilder {
+        EngineBuilder { store, registry: Registry::default(), options: EngineOptions::default() }
+    }
+
+    /// The store the engine uses.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.shared.store
+    }
+
+    /// Starts a run of the registered workflow `workflow`. With an idempotency key that an
+    /// existing run has, returns that run's id and starts nothing.
+    pub async fn start(&self, workflow: &str, input: Value, options: StartOptions) -> Result<RunId, EngineError> {
+        if self.shared.registry.get(workflow).is_none() {
+            return Err(EngineError::UnknownWorkflow(workflow.to_owned()));
+        }
+        let run = NewRun { workflow: workflow.to_owned(), input, idempotency_key: options.idempotency_key };
+        let created = self.shared.store.create_run(run).await?;
+        if created.created {
+            self.shared.wake.notify_waiters();
+        }
+        Ok(created.run_id)
+    }
+
+    /// Reads a run.
+    pub async fn get_run(&self, id: &RunId) -> Result<RunInfo, EngineError> {
+        self.shared.store.get_run(id).await?.ok_or_else(|| EngineError::RunNotFound(id.clone()))
+    }
+
+    /// Reads a run's event log, in order.
+    pub async fn events(&self, id: &RunId) -> Result<Vec<Event>, EngineError> {
+        Ok(self.shared.store.events(id).await?)
+    }
+
+    /// Waits until the run has ended (completed, failed or cancelled) and returns it.
+    pub async fn wait_for(&self, id: &RunId, timeout: Duration) -> Result<RunInfo, EngineError> {
+        self.wait_until(id, timeout, |r| r.status.is_terminal()).await
+    }
+
+    /// Waits until `done` holds for the run and returns it; [`EngineError::Timeout`] after `timeout`.
+    pub async fn wait_until(
+        &self,
+        id: &RunId,
+        timeout: Duration,
+        done: impl Fn(&RunInfo) -> bool,
+    ) -> Result<RunInfo, EngineError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let mut changed = pin!(self.shared.changed.notified());
+            changed.as_mut().enable();
+            let run = self.get_run(id).await?;
+            if done(&run) {
+                return Ok(run);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return Err(EngineError::Timeout(id.clone()));
+            }
+            // Changes made by other processes are only seen by polling.
+            let poll = tokio::time::sleep(Duration::from_millis(25));
+            tokio::select! {
+                _ = changed => {}
+                _ = poll => {}
+                _ = tokio::time::sleep_until(deadline) => {}
+            }
+        }
+    }
+
+    /// Cancels a run that has not ended: it becomes cancelled, its hooks are disposed and its
+    /// timers cancelled in one transaction; an execution in progress stops writing. Returns the
+    /// run's status afterwards (a run that already ended keeps its status).
+    pub async fn cancel(&self, id: &RunId) -> Result<RunStatus, EngineError> {
+        let status = self.shared.store.cancel_run(id, "cancelled").await?;
+        let running = self.shared.executing.lock().unwrap_or_else(|p| p.into_inner()).get(id).cloned();
+        if let Some(exec) = running {
+            exec.abort_now(Abort::LeaseLost);
+        }
+        self.shared.changed.notify_waiters();
+        Ok(status)
+    }
+
+    /// Reads the active hook with this token: its run and metadata, so that an endpoint can
+    /// authorize a caller before resuming. `None` when no active hook has the token.
+    pub async fn get_hook(&self, token: &str) -> Result<Option<HookInfo>, EngineError> {
+        Ok(self.shared.store.get_hook(token).await?)
+    }
+
+    /// Delivers `payload` to the active hook with this token and wakes its run.
+    /// [`EngineError::HookNotFound`] when the token is unknown or its hook was disposed.
+    pub async fn resume_hook(&self, token: &str, payload: Value) -> Result<ResumeReceipt, EngineError> {
+        let receipt = self.shared.store.resume_hook(token, payload).await?;
+        self.shared.wake.notify_waiters();
+        Ok(receipt)
+    }
+
+    /// Stops the workers and waits for them. Executions in progress are abandoned; their runs
+    /// are taken over by any engine once their leases expire.
+    pub async fn shutdown(&self) {
+        let _ = self.lifetime.shutdown.send(true);
+        let workers: Vec<JoinHandle<()>> =
+            std::mem::take(&mut *self.lifetime.workers.lock().unwrap_or_else(|p| p.into_inner()));
+        for w in workers {
+            let _ = w.await;
+        }
+    }
+}

@@ -1,0 +1,176 @@
+//! Error types: what a step returns, what a workflow sees, what the store and engine report.
+
+use std::fmt;
+
+use crate::ids::RunId;
+
+/// The error a step function returns: retryable (the step is attempted again with backoff) or fatal.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepError {
+    /// A human-readable message, recorded in the run's log.
+    pub message: String,
+    /// Whether attempting the step again can succeed.
+    pub retryable: bool,
+}
+
+impl StepError {
+    /// A transient failure: the step is retried while its retry policy allows.
+    pub fn retryable(message: impl Into<String>) -> StepError {
+        StepError { message: message.into(), retryable: true }
+    }
+
+    /// A permanent failure: the step fails at once, without retry.
+    pub fn fatal(message: impl Into<String>) -> StepError {
+        StepError { message: message.into(), retryable: false }
+    }
+}
+
+impl fmt::Display for StepError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl std::error::Error for StepError {}
+
+impl From<serde_json::Error> for StepError {
+    fn from(e: serde_json::Error) -> StepError {
+        StepError::fatal(format!("serialization error: {e}"))
+    }
+}
+
+/// A step that failed for good: a fatal error, or a retryable one after its retries ran out.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StepFailure {
+    /// The step's name.
+    pub step: String,
+    /// The step's position in the workflow (0-based, shared with hooks and timers).
+    pub position: u32,
+    /// The last attempt's error message.
+    pub message: String,
+    /// How many attempts were made.
+    pub attempts: u32,
+}
+
+/// An error inside a workflow: returned by context operations and by the workflow function itself.
+///
+/// A workflow function that returns `Err` fails its run with the error's message.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WorkflowError {
+    /// A step failed for good.
+    Step(StepFailure),
+    /// The hook token is held by an active hook of another run.
+    HookConflict {
+        /// The token asked for.
+        token: String,
+        /// The run that owns it.
+        owner_run_id: RunId,
+    },
+    /// A value could not be converted to or from JSON.
+    Serialization(String),
+    /// An error raised by workflow code.
+    Failed(String),
+}
+
+impl WorkflowError {
+    /// An error raised by workflow code, with a message.
+    pub fn msg(message: impl Into<String>) -> WorkflowError {
+        WorkflowError::Failed(message.into())
+    }
+}
+
+impl fmt::Display for WorkflowError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WorkflowError::Step(s) => {
+                write!(f, "step {:?} failed after {} attempt(s): {}", s.step, s.attempts, s.message)
+            }
+            WorkflowError::HookConflict { token, owner_run_id } => {
+                write!(f, "hook token {token:?} is already used by an active hook of run {owner_run_id}")
+            }
+            WorkflowError::Serialization(m) => write!(f, "serialization error: {m}"),
+            WorkflowError::Failed(m) => f.write_str(m),
+        }
+    }
+}
+
+impl std::error::Error for WorkflowError {}
+
+impl From<serde_json::Error> for WorkflowError {
+    fn from(e: serde_json::Error) -> WorkflowError {
+        WorkflowError::Serialization(e.to_string())
+    }
+}
+
+/// An error of a [`Store`](crate::Store) backend.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum StoreError {
+    /// The execution's lease was taken over, or the run ended or was cancelled: the write was refused.
+    LeaseLost {
+        /// The run whose lease was lost.
+        run_id: RunId,
+    },
+    /// No run has this id.
+    RunNotFound(RunId),
+    /// No active hook has this token (never created, or disposed when its run ended).
+    HookNotFound(String),
+    /// The database failed.
+    Database(String),
+    /// Stored data could not be decoded.
+    Corrupt(String),
+}
+
+impl fmt::Display for StoreError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            StoreError::LeaseLost { run_id } => write!(f, "lease of run {run_id} was lost"),
+            StoreError::RunNotFound(id) => write!(f, "run {id} not found"),
+            StoreError::HookNotFound(_) => f.write_str("no active hook with this token (unknown or disposed)"),
+            StoreError::Database(m) => write!(f, "database error: {m}"),
+            StoreError::Corrupt(m) => write!(f, "corrupt stored data: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for StoreError {}
+
+/// An error of the [`Engine`](crate::Engine) API.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum EngineError {
+    /// No workflow of this name is registered with the engine.
+    UnknownWorkflow(String),
+    /// No run has this id.
+    RunNotFound(RunId),
+    /// No active hook has this token: it never existed, or its run ended and it was disposed.
+    ///
+    /// The token itself is not part of the message, so the error can be logged safely.
+    HookNotFound,
+    /// A wait for a run did not finish in time.
+    Timeout(RunId),
+    /// The store failed.
+    Store(StoreError),
+}
+
+impl fmt::Display for EngineError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            EngineError::UnknownWorkflow(n) => write!(f, "no workflow named {n:?} is registered"),
+            EngineError::RunNotFound(id) => write!(f, "run {id} not found"),
+            EngineError::HookNotFound => f.write_str("hook not found: the token is unknown or was disposed"),
+            EngineError::Timeout(id) => write!(f, "timed out waiting for run {id}"),
+            EngineError::Store(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for EngineError {}
+
+impl From<StoreError> for EngineError {
+    fn from(e: StoreError) -> EngineError {
+        match e {
+            StoreError::RunNotFound(id) => EngineError::RunNotFound(id),
+            StoreError::HookNotFound(_) => EngineError::HookNotFound,
+            other => EngineError::Store(other),
+        }
+    }
+}

@@ -1,0 +1,112 @@
+//! What the engine reports about runs, and the options to start one.
+
+use std::fmt;
+use std::str::FromStr;
+use std::time::SystemTime;
+
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+use crate::ids::RunId;
+
+/// The lifecycle state of a run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RunStatus {
+    /// Created, not yet claimed by a worker, or runnable again after a wake-up.
+    Pending,
+    /// Claimed by a worker that is executing it.
+    Running,
+    /// Suspended on a hook, a timer or a step retry; holds no worker.
+    Waiting,
+    /// Finished with an output.
+    Completed,
+    /// Finished with an error.
+    Failed,
+    /// Cancelled from outside; its hooks and timers were disposed.
+    Cancelled,
+}
+
+impl RunStatus {
+    /// The status as stored and shown (`"pending"`, `"running"`, ...).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunStatus::Pending => "pending",
+            RunStatus::Running => "running",
+            RunStatus::Waiting => "waiting",
+            RunStatus::Completed => "completed",
+            RunStatus::Failed => "failed",
+            RunStatus::Cancelled => "cancelled",
+        }
+    }
+
+    /// Whether the run has ended; a terminal run accepts nothing more.
+    pub fn is_terminal(self) -> bool {
+        matches!(self, RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled)
+    }
+}
+
+impl fmt::Display for RunStatus {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for RunStatus {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<RunStatus, String> {
+        Ok(match s {
+            "pending" => RunStatus::Pending,
+            "running" => RunStatus::Running,
+            "waiting" => RunStatus::Waiting,
+            "completed" => RunStatus::Completed,
+            "failed" => RunStatus::Failed,
+            "cancelled" => RunStatus::Cancelled,
+            other => return Err(format!("unknown run status {other:?}")),
+        })
+    }
+}
+
+/// A snapshot of one run.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunInfo {
+    /// The run's id.
+    pub id: RunId,
+    /// The name of the workflow it runs.
+    pub workflow: String,
+    /// Its current status.
+    pub status: RunStatus,
+    /// The JSON input it was started with.
+    pub input: Value,
+    /// The workflow's output, once completed.
+    pub output: Option<Value>,
+    /// The error message, once failed (or the reason, once cancelled).
+    pub error: Option<String>,
+    /// The idempotency key it was started with, if any.
+    pub idempotency_key: Option<String>,
+    /// How many times a worker claimed it (the current lease attempt).
+    pub attempt: u32,
+    /// When it was created.
+    pub created_at: SystemTime,
+    /// When it last changed.
+    pub updated_at: SystemTime,
+    /// When a worker first claimed it.
+    pub started_at: Option<SystemTime>,
+    /// When it ended.
+    pub completed_at: Option<SystemTime>,
+}
+
+/// Options of [`Engine::start`](crate::Engine::start).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct StartOptions {
+    /// A second start with the same key returns the existing run instead of creating one.
+    pub idempotency_key: Option<String>,
+}
+
+impl StartOptions {
+    /// Options with the given idempotency key.
+    pub fn with_idempotency_key(key: impl Into<String>) -> StartOptions {
+        StartOptions { idempotency_key: Some(key.into()) }
+    }
+}

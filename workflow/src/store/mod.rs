@@ -1,0 +1,321 @@
+//! The storage surface of the engine: one trait, backends behind it.
+//!
+//! A backend implements [`Store`] with the semantics documented on each method. Every method that
+//! changes state does so in **one transaction** that also appends the matching [`Event`]s to the
+//! run's log, numbered by the run's sequence counter. Methods that take a [`Fence`] refuse to write
+//! (with [`StoreError::LeaseLost`]) unless the run is still `running` under that lease attempt.
+//! Uniqueness (idempotency keys, active hook tokens) is enforced by database constraints.
+
+pub mod sqlite;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use serde_json::Value;
+
+use crate::error::StoreError;
+use crate::event::Event;
+use crate::hook::{HookInfo, ResumeReceipt};
+use crate::ids::RunId;
+use crate::run::{RunInfo, RunStatus};
+
+pub use crate::time::Millis;
+
+/// A boxed, sendable future, the return type of every [`Store`] method (keeps the trait object-safe).
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// Identifies one execution of a run: the run and the lease attempt that claimed it.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct Fence {
+    /// The run being executed.
+    pub run_id: RunId,
+    /// The lease attempt of the claim (incremented by every claim).
+    pub attempt: u32,
+}
+
+/// A run to create.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NewRun {
+    /// The registered workflow's name.
+    pub workflow: String,
+    /// Its JSON input.
+    pub input: Value,
+    /// When set, a run that already has this key is returned instead of creating one.
+    pub idempotency_key: Option<String>,
+}
+
+/// The result of [`Store::create_run`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct CreatedRun {
+    /// The new run's id, or the existing run's id for a repeated idempotency key.
+    pub run_id: RunId,
+    /// Whether a new run was created.
+    pub created: bool,
+}
+
+/// What a worker asks [`Store::claim`] for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ClaimRequest {
+    /// The worker's identity, recorded as lease owner.
+    pub owner: String,
+    /// The workflows this worker can execute; other runs are left alone.
+    pub workflows: Vec<String>,
+    /// How long the lease lasts unless renewed.
+    pub lease: Duration,
+}
+
+/// A run claimed for execution, with everything its replay needs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ClaimedRun {
+    /// The execution's fence.
+    pub fence: Fence,
+    /// The workflow to run.
+    pub workflow: String,
+    /// Its input.
+    pub input: Value,
+    /// The operations recorded by earlier executions.
+    pub history: RunHistory,
+}
+
+/// The recorded operations of a run, by position (steps, hooks and timers share one counter).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct RunHistory {
+    /// Operation records keyed by position.
+    pub ops: BTreeMap<u32, OpRecord>,
+}
+
+/// One recorded operation.
+#[derive(Clone, Debug, PartialEq)]
+pub enum OpRecord {
+    /// A step.
+    Step(StepRecord),
+    /// A hook.
+    Hook(HookRecord),
+    /// A durable timer.
+    Wait(WaitRecord),
+}
+
+/// A recorded step.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StepRecord {
+    /// The step's name.
+    pub name: String,
+    /// Attempts started so far.
+    pub attempts: u32,
+    /// Where it stands.
+    pub state: StepState,
+}
+
+/// The state of a recorded step.
+#[derive(Clone, Debug, PartialEq)]
+pub enum StepState {
+    /// An attempt started and did not record an end (its worker died or lost its lease).
+    Running,
+    /// The last attempt failed with a retryable error; the next one is due at `retry_at`.
+    Retrying {
+        /// When the next attempt is due.
+        retry_at: Millis,
+        /// The last attempt's error.
+        error: String,
+    },
+    /// Completed with this result.
+    Completed(Value),
+    /// Failed for good with this error.
+    Failed(String),
+}
+
+/// A recorded hook.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HookRecord {
+    /// The token asked for.
+    pub token: String,
+    /// The metadata given.
+    pub metadata: Value,
+    /// Where it stands.
+    pub state: HookState,
+    /// Payloads received so far, in order.
+    pub payloads: Vec<Value>,
+}
+
+/// The state of a recorded hook.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HookState {
+    /// Owns its token and accepts payloads.
+    Active,
+    /// Disposed when its run ended.
+    Disposed,
+    /// Never owned its token: this run held it when the hook was created.
+    Conflict {
+        /// The run that owned the token.
+        owner_run_id: RunId,
+    },
+}
+
+/// A recorded durable timer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WaitRecord {
+    /// When it is due.
+    pub due_at: Millis,
+    /// Where it stands.
+    pub state: WaitState,
+}
+
+/// The state of a durable timer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitState {
+    /// Not yet observed as fired.
+    Pending,
+    /// Fired (observed by the workflow after its due time).
+    Fired,
+    /// Cancelled because its run ended first.
+    Cancelled,
+}
+
+/// How a step attempt ended, for [`Store::update_step`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum StepUpdate {
+    /// Completed with a result.
+    Completed {
+        /// The attempt that completed.
+        attempt: u32,
+        /// Its result.
+        result: Value,
+    },
+    /// Failed for good.
+    Failed {
+        /// The attempt that failed.
+        attempt: u32,
+        /// Its error.
+        error: String,
+    },
+    /// Failed with a retryable error; attempt again at `retry_at`.
+    Retrying {
+        /// The attempt that failed.
+        attempt: u32,
+        /// Its error.
+        error: String,
+        /// When the next attempt is due.
+        retry_at: Millis,
+    },
+}
+
+/// The result of [`Store::create_hook`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum HookCreation {
+    /// The hook was created and owns its token.
+    Created,
+    /// Another run's active hook owns the token; the conflict was recorded.
+    Conflict {
+        /// The owner.
+        owner_run_id: RunId,
+    },
+}
+
+/// How a run ended, for [`Store::finish_run`].
+#[derive(Clone, Debug, PartialEq)]
+pub enum RunOutcome {
+    /// Completed with an output.
+    Completed(Value),
+    /// Failed with an error message.
+    Failed(String),
+}
+
+/// The storage backend of the engine.
+///
+/// All methods are safe to call concurrently, from many engines and processes sharing a database.
+pub trait Store: Send + Sync + 'static {
+    /// Creates a pending run (event `run_created`). With an idempotency key that a run already has,
+    /// returns that run with `created = false`, decided by a unique constraint.
+    fn create_run(&self, run: NewRun) -> BoxFuture<'_, Result<CreatedRun, StoreError>>;
+
+    /// Reads one run.
+    fn get_run<'a>(&'a self, id: &'a RunId) -> BoxFuture<'a, Result<Option<RunInfo>, StoreError>>;
+
+    /// Reads a run's whole event log, in `seq` order.
+    fn events<'a>(&'a self, id: &'a RunId) -> BoxFuture<'a, Result<Vec<Event>, StoreError>>;
+
+    /// Atomically claims one runnable run of the given workflows: pending, waiting with a due wake
+    /// time, or running with an expired lease. Sets it running under a new lease attempt (event
+    /// `run_started`) and returns its history.
+    fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Option<ClaimedRun>, StoreError>>;
+
+    /// Extends the lease of an execution; [`StoreError::LeaseLost`] if it is no longer current.
+    fn renew_lease<'a>(&'a self, fence: &'a Fence, lease: Duration) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// The earliest future time at which a run of these workflows becomes claimable by time alone
+    /// (a wake time of a waiting run, or a lease expiry), if any.
+    fn next_wake_at<'a>(&'a self, workflows: &'a [String]) -> BoxFuture<'a, Result<Option<Millis>, StoreError>>;
+
+    /// Starts the next attempt of the step at `position` (creating its record for attempt 1) and
+    /// returns the attempt number (event `step_started`).
+    fn start_step<'a>(
+        &'a self,
+        fence: &'a Fence,
+        position: u32,
+        name: &'a str,
+    ) -> BoxFuture<'a, Result<u32, StoreError>>;
+
+    /// Records how a step attempt ended (event `step_completed`, `step_failed` or `step_retrying`).
+    fn update_step<'a>(
+        &'a self,
+        fence: &'a Fence,
+        position: u32,
+        update: StepUpdate,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Creates the hook at `position` (event `hook_created`) or, when an active hook of another
+    /// run owns the token, records the conflict (event `hook_conflict`).
+    fn create_hook<'a>(
+        &'a self,
+        fence: &'a Fence,
+        position: u32,
+        token: &'a str,
+        metadata: &'a Value,
+    ) -> BoxFuture<'a, Result<HookCreation, StoreError>>;
+
+    /// The payload number `index` (0-based) received by the hook at `position`, if it arrived.
+    fn hook_payload<'a>(
+        &'a self,
+        run_id: &'a RunId,
+        position: u32,
+        index: u64,
+    ) -> BoxFuture<'a, Result<Option<Value>, StoreError>>;
+
+    /// Creates the durable timer at `position` (event `wait_created`).
+    fn create_wait<'a>(
+        &'a self,
+        fence: &'a Fence,
+        position: u32,
+        due_at: Millis,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Marks the timer at `position` fired (event `wait_completed`); a no-op if it already fired.
+    fn fire_wait<'a>(&'a self, fence: &'a Fence, position: u32) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Ends an execution that is blocked (event `run_suspended`): the run becomes `waiting` until
+    /// `wake_at` or a hook payload, or `pending` at once if a payload arrived during the execution.
+    /// Returns the new status.
+    fn suspend_run<'a>(
+        &'a self,
+        fence: &'a Fence,
+        wake_at: Option<Millis>,
+    ) -> BoxFuture<'a, Result<RunStatus, StoreError>>;
+
+    /// Ends a run (event `run_completed` or `run_failed`), disposing its active hooks (events
+    /// `hook_disposed`) and cancelling its pending timers in the same transaction.
+    fn finish_run<'a>(&'a self, fence: &'a Fence, outcome: RunOutcome) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Cancels a run that has not ended (event `run_cancelled`, hooks disposed, timers cancelled,
+    /// any execution's lease voided). Returns the run's status afterwards; a run that had already
+    /// ended keeps its status.
+    fn cancel_run<'a>(&'a self, id: &'a RunId, reason: &'a str) -> BoxFuture<'a, Result<RunStatus, StoreError>>;
+
+    /// Reads the active hook with this token, if any.
+    fn get_hook<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Option<HookInfo>, StoreError>>;
+
+    /// Delivers a payload to the active hook with this token (event `hook_received`) and wakes its
+    /// run. [`StoreError::HookNotFound`] when no active hook has the token.
+    fn resume_hook<'a>(&'a self, token: &'a str, payload: Value) -> BoxFuture<'a, Result<ResumeReceipt, StoreError>>;
+}
