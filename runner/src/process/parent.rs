@@ -125,9 +125,15 @@ impl ProcessPool {
                 Ok(())
             });
         }
-        let mut child = command
-            .spawn()
-            .map_err(|e| RunError::internal(format!("cannot start a worker process: {e}")).retryable(true))?;
+        // tokio panics when its runtime was built without the I/O driver: say so instead.
+        let spawned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| command.spawn())).map_err(|_| {
+            RunError::new(
+                ErrorCode::ConfigurationError,
+                "process mode needs a tokio runtime with I/O enabled (Builder::enable_all)",
+            )
+        })?;
+        let mut child =
+            spawned.map_err(|e| RunError::internal(format!("cannot start a worker process: {e}")).retryable(true))?;
         let stdin = child.stdin.take().ok_or_else(|| RunError::internal("worker process without stdin"))?;
         let mut stdout = child.stdout.take().ok_or_else(|| RunError::internal("worker process without stdout"))?;
         let (sender, frames) = mpsc::unbounded_channel();

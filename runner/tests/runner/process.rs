@@ -152,3 +152,12 @@ async fn workers_inherit_no_environment_and_leave_no_zombies() {
     assert!(children.iter().all(|&(_, state)| state != 'Z'), "zombies: {children:?}");
     assert!(children.len() <= 2, "at most one process per worker slot: {children:?}");
 }
+
+#[test]
+fn a_runtime_without_io_is_a_configuration_error() {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap();
+    let runner = process_runner(1, "no-io");
+    let err = runtime.block_on(runner.run(RunRequest::new("return 1"))).unwrap_err();
+    assert_code(&err, ErrorCode::ConfigurationError);
+    assert!(err.message.contains("enable_all"), "{}", err.message);
+}
