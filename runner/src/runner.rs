@@ -251,6 +251,9 @@ impl Runner {
     /// Runs (or resumes) a script. Must be called from within a tokio runtime;
     /// host functions run on that runtime.
     pub async fn run(&self, request: RunRequest) -> Result<Outcome, RunError> {
+        if request.cancel.as_ref().is_some_and(CancelSignal::is_cancelled) {
+            return Err(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller before it started"));
+        }
         let limits = self.inner.limits.overridden_by(&request.limits);
         if request.source.len() as u64 > limits.get(Limit::Source) {
             return Err(RunError::new(

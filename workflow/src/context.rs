@@ -8,6 +8,7 @@ use std::time::{Duration, SystemTime};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use serde_json::Value;
+use tokio::sync::Notify;
 
 use crate::error::{StepError, StepFailure, WorkflowError};
 use crate::execution::{Abort, Execution};
@@ -36,6 +37,8 @@ struct Inner {
     store: Arc<dyn Store>,
     history: RunHistory,
     exec: Arc<Execution>,
+    /// Signalled after every appended stream event (wakes this process's stream readers).
+    streamed: Arc<Notify>,
 }
 
 impl fmt::Debug for WorkflowContext {
@@ -53,6 +56,7 @@ fn describe(op: &OpRecord) -> String {
         OpRecord::Step(s) => format!("step {:?}", s.name),
         OpRecord::Hook(h) => format!("hook {:?}", h.token),
         OpRecord::Wait(_) => "sleep".to_owned(),
+        OpRecord::Emit(_) => "emit".to_owned(),
     }
 }
 
@@ -63,9 +67,10 @@ impl WorkflowContext {
         store: Arc<dyn Store>,
         history: RunHistory,
         exec: Arc<Execution>,
+        streamed: Arc<Notify>,
     ) -> WorkflowContext {
         WorkflowContext {
-            inner: Arc::new(Inner { run_id: fence.run_id.clone(), workflow, fence, store, history, exec }),
+            inner: Arc::new(Inner { run_id: fence.run_id.clone(), workflow, fence, store, history, exec, streamed }),
         }
     }
 
@@ -219,6 +224,29 @@ impl WorkflowContext {
             Ok(None) => {
                 drop(inflight);
                 self.exec().block(None).await
+            }
+            Err(e) => self.exec().abort(e.into()).await,
+        }
+    }
+
+    /// Appends `event` to the run's stream and returns its index (0, 1, 2, ...).
+    ///
+    /// Readers ([`Engine::read_stream`](crate::Engine::read_stream)) receive it at once and can
+    /// read it again from any index later. An emit is a recorded operation at its position, like
+    /// a step: a replay returns the recorded index without appending the event again.
+    pub async fn emit<T: Serialize + ?Sized>(&self, event: &T) -> Result<u64, WorkflowError> {
+        let position = self.exec().next_position();
+        let _inflight = self.exec().enter();
+        match self.inner.history.ops.get(&position) {
+            Some(OpRecord::Emit(e)) => return Ok(e.index),
+            Some(other) => return self.nondeterministic(position, other, "emit".to_owned()).await,
+            None => {}
+        }
+        let value = serde_json::to_value(event)?;
+        match self.store().append_stream(&self.inner.fence, position, &value).await {
+            Ok(index) => {
+                self.inner.streamed.notify_waiters();
+                Ok(index)
             }
             Err(e) => self.exec().abort(e.into()).await,
         }

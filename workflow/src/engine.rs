@@ -20,6 +20,7 @@ use crate::ids::{RunId, random_hex};
 use crate::registry::Registry;
 use crate::run::{RunInfo, RunStatus, StartOptions};
 use crate::store::{NewRun, Store};
+use crate::stream::StreamReader;
 use crate::worker;
 
 /// Tuning of an [`Engine`].
@@ -52,6 +53,8 @@ pub(crate) struct Shared {
     pub(crate) wake: Notify,
     /// Signalled when a run changed state (for waiters).
     pub(crate) changed: Notify,
+    /// Signalled when a run of this process appended to its stream (for stream readers).
+    pub(crate) streamed: Arc<Notify>,
     /// Executions in progress in this process, to abort them at once on cancel.
     pub(crate) executing: Mutex<HashMap<RunId, Arc<Execution>>>,
 }
@@ -125,6 +128,7 @@ impl EngineBuilder {
             owner,
             wake: Notify::new(),
             changed: Notify::new(),
+            streamed: Arc::new(Notify::new()),
             executing: Mutex::new(HashMap::new()),
         });
         let (shutdown, rx) = watch::channel(false);
@@ -242,6 +246,14 @@ impl Engine {
         let receipt = self.shared.store.resume_hook(token, payload).await?;
         self.shared.wake.notify_waiters();
         Ok(receipt)
+    }
+
+    /// Reads the run's stream from index `from_index` on: the events already written, then each
+    /// new one as it is appended, ending once the run has ended and every event was delivered.
+    /// [`EngineError::RunNotFound`] when no run has this id.
+    pub async fn read_stream(&self, run_id: &RunId, from_index: u64) -> Result<StreamReader, EngineError> {
+        self.get_run(run_id).await?;
+        Ok(StreamReader::new(Arc::clone(&self.shared), run_id.clone(), from_index))
     }
 
     /// Stops the workers and waits for them. Executions in progress are abandoned; their runs

@@ -43,11 +43,13 @@ pub enum EventKind {
     WaitCreated,
     /// A durable timer fired (payload: position).
     WaitCompleted,
+    /// The run appended an event to its stream (payload: position, index).
+    StreamEmitted,
 }
 
 impl EventKind {
     /// All kinds, in declaration order.
-    pub const ALL: [EventKind; 16] = [
+    pub const ALL: [EventKind; 17] = [
         EventKind::RunCreated,
         EventKind::RunStarted,
         EventKind::RunSuspended,
@@ -64,6 +66,7 @@ impl EventKind {
         EventKind::HookConflict,
         EventKind::WaitCreated,
         EventKind::WaitCompleted,
+        EventKind::StreamEmitted,
     ];
 
     /// The kind as stored (`"run_created"`, `"step_completed"`, ...).
@@ -85,6 +88,7 @@ impl EventKind {
             EventKind::HookConflict => "hook_conflict",
             EventKind::WaitCreated => "wait_created",
             EventKind::WaitCompleted => "wait_completed",
+            EventKind::StreamEmitted => "stream_emitted",
         }
     }
 }

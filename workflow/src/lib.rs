@@ -4,7 +4,8 @@
 //! returns JSON. It is run again from the top every time its run wakes up and must therefore be
 //! deterministic: side effects happen only inside [`WorkflowContext::step`], whose results are
 //! recorded once and replayed afterwards. A workflow may suspend durably on a [`Hook`] (resumed from
-//! outside with [`Engine::resume_hook`]) or on a timer ([`WorkflowContext::sleep`]); a suspended run
+//! outside with [`Engine::resume_hook`]) or on a timer ([`WorkflowContext::sleep`]), and append
+//! events to its stream ([`WorkflowContext::emit`], read with [`Engine::read_stream`]); a suspended run
 //! holds no memory and no worker, only rows in the [`Store`].
 //!
 //! Every state change is one store transaction that appends to the run's ordered event log
@@ -41,6 +42,7 @@ mod registry;
 mod run;
 mod step;
 pub mod store;
+mod stream;
 mod time;
 mod worker;
 
@@ -55,3 +57,4 @@ pub use run::{RunInfo, RunStatus, StartOptions};
 pub use step::{RetryPolicy, StepContext};
 pub use store::Store;
 pub use store::sqlite::{SqliteStore, SqliteStoreOptions};
+pub use stream::StreamReader;

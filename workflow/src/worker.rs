@@ -67,6 +67,7 @@ async fn execute(shared: &Arc<Shared>, run: ClaimedRun) {
         Arc::clone(&shared.store),
         run.history,
         Arc::clone(&exec),
+        Arc::clone(&shared.streamed),
     );
     let heartbeat =
         tokio::spawn(heartbeat(Arc::clone(&shared.store), fence.clone(), shared.options.lease, Arc::clone(&exec)));

@@ -79,7 +79,7 @@ pub struct ClaimedRun {
     pub history: RunHistory,
 }
 
-/// The recorded operations of a run, by position (steps, hooks and timers share one counter).
+/// The recorded operations of a run, by position (steps, hooks, timers and emits share one counter).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct RunHistory {
     /// Operation records keyed by position.
@@ -95,6 +95,15 @@ pub enum OpRecord {
     Hook(HookRecord),
     /// A durable timer.
     Wait(WaitRecord),
+    /// An event appended to the run's stream.
+    Emit(EmitRecord),
+}
+
+/// A recorded stream emit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EmitRecord {
+    /// The index the event got in the run's stream.
+    pub index: u64,
 }
 
 /// A recorded step.
@@ -318,4 +327,22 @@ pub trait Store: Send + Sync + 'static {
     /// Delivers a payload to the active hook with this token (event `hook_received`) and wakes its
     /// run. [`StoreError::HookNotFound`] when no active hook has the token.
     fn resume_hook<'a>(&'a self, token: &'a str, payload: Value) -> BoxFuture<'a, Result<ResumeReceipt, StoreError>>;
+
+    /// Appends `event` to the run's stream as the emit at `position` (event `stream_emitted`) and
+    /// returns its index: 0, 1, 2, ... in append order. The index is unique per run and the
+    /// position is recorded once, both by constraint.
+    fn append_stream<'a>(
+        &'a self,
+        fence: &'a Fence,
+        position: u32,
+        event: &'a Value,
+    ) -> BoxFuture<'a, Result<u64, StoreError>>;
+
+    /// Reads up to `limit` events of the run's stream from index `from`, in index order.
+    fn read_stream<'a>(
+        &'a self,
+        run_id: &'a RunId,
+        from: u64,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<Vec<(u64, Value)>, StoreError>>;
 }

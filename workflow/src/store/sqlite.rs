@@ -13,8 +13,8 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{Row, Sqlite, SqlitePool, Transaction};
 
 use super::{
-    BoxFuture, ClaimRequest, ClaimedRun, CreatedRun, Fence, HookCreation, HookRecord, HookState, NewRun, OpRecord,
-    RunHistory, RunOutcome, StepRecord, StepState, StepUpdate, Store, WaitRecord, WaitState,
+    BoxFuture, ClaimRequest, ClaimedRun, CreatedRun, EmitRecord, Fence, HookCreation, HookRecord, HookState, NewRun,
+    OpRecord, RunHistory, RunOutcome, StepRecord, StepState, StepUpdate, Store, WaitRecord, WaitState,
 };
 use crate::error::StoreError;
 use crate::event::{Event, EventKind};
@@ -24,7 +24,10 @@ use crate::run::{RunInfo, RunStatus};
 use crate::time::{Millis, duration_ms, from_ms, now_ms};
 
 /// The embedded migrations, applied in order at open: (version, name, SQL).
-const MIGRATIONS: &[(i64, &str, &str)] = &[(1, "init", include_str!("../../migrations/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "init", include_str!("../../migrations/0001_init.sql")),
+    (2, "stream_positions", include_str!("../../migrations/0002_stream_positions.sql")),
+];
 
 /// How hard SQLite works to make a commit durable (`PRAGMA synchronous`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -349,6 +352,15 @@ async fn load_history(tx: &mut Transaction<'static, Sqlite>, run_id: &RunId) -> 
             other => return Err(StoreError::Corrupt(format!("unknown wait status {other:?}"))),
         };
         history.ops.insert(position_of(row)?, OpRecord::Wait(WaitRecord { due_at: get(row, "due_at")?, state }));
+    }
+    let emits = sqlx::query("SELECT position, idx FROM stream_events WHERE run_id = ?")
+        .bind(run_id.as_str())
+        .fetch_all(&mut **tx)
+        .await
+        .map_err(db)?;
+    for row in &emits {
+        let index = get::<i64>(row, "idx")?.unsigned_abs();
+        history.ops.insert(position_of(row)?, OpRecord::Emit(EmitRecord { index }));
     }
     Ok(history)
 }
@@ -878,6 +890,60 @@ impl Store for SqliteStore {
             Ok(ResumeReceipt { run_id, index: index.unsigned_abs() })
         })
     }
+
+    fn append_stream<'a>(
+        &'a self,
+        fence: &'a Fence,
+        position: u32,
+        event: &'a Value,
+    ) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let now = now_ms();
+            let mut tx = self.begin().await?;
+            check_fence(&mut tx, fence).await?;
+            // The next index is computed inside the write transaction; the primary key (run_id, idx)
+            // and the unique (run_id, position) reject any duplicate.
+            let index: i64 = sqlx::query_scalar(
+                "INSERT INTO stream_events (run_id, idx, position, payload, created_at)
+                 SELECT ?, COALESCE(MAX(idx) + 1, 0), ?, ?, ? FROM stream_events WHERE run_id = ?
+                 RETURNING idx",
+            )
+            .bind(fence.run_id.as_str())
+            .bind(i64::from(position))
+            .bind(to_json(event))
+            .bind(now)
+            .bind(fence.run_id.as_str())
+            .fetch_one(&mut *tx)
+            .await
+            .map_err(db)?;
+            let payload = json!({ "position": position, "index": index });
+            append(&mut tx, &fence.run_id, EventKind::StreamEmitted, payload, now).await?;
+            tx.commit().await.map_err(db)?;
+            Ok(index.unsigned_abs())
+        })
+    }
+
+    fn read_stream<'a>(
+        &'a self,
+        run_id: &'a RunId,
+        from: u64,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<Vec<(u64, Value)>, StoreError>> {
+        Box::pin(async move {
+            let rows = sqlx::query(
+                "SELECT idx, payload FROM stream_events WHERE run_id = ? AND idx >= ? ORDER BY idx LIMIT ?",
+            )
+            .bind(run_id.as_str())
+            .bind(i64::try_from(from).unwrap_or(i64::MAX))
+            .bind(i64::from(limit))
+            .fetch_all(&self.reader)
+            .await
+            .map_err(db)?;
+            rows.iter()
+                .map(|row| Ok((get::<i64>(row, "idx")?.unsigned_abs(), parse_json(&get::<String>(row, "payload")?)?)))
+                .collect()
+        })
+    }
 }
 
 #[cfg(test)]
@@ -903,7 +969,7 @@ mod tests {
         let store = SqliteStore::open(&url).await.unwrap();
         let versions: Vec<i64> =
             sqlx::query_scalar("SELECT version FROM schema_migrations").fetch_all(&store.writer).await.unwrap();
-        assert_eq!(versions, vec![1]);
+        assert_eq!(versions, vec![1, 2]);
         store.close().await;
         let _ = std::fs::remove_dir_all(dir);
     }

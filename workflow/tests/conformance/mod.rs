@@ -42,7 +42,9 @@ macro_rules! conformance_suite {
             unknown_workflow_is_rejected,
             nondeterministic_replay_fails_the_run,
             expired_lease_is_taken_over_and_zombie_writes_are_fenced,
-            store_fences_writes_by_lease_attempt
+            store_fences_writes_by_lease_attempt,
+            stream_of_100_read_from_0_and_from_50,
+            stream_read_live_across_hook_waits_without_duplicates
         );
     };
     (@cases $backend:expr; $($case:ident),* $(,)?) => {
@@ -500,4 +502,110 @@ pub async fn store_fences_writes_by_lease_attempt(backend: &impl Backend) {
     let run = store.get_run(&created.run_id).await.unwrap().unwrap();
     assert_eq!((run.status, run.output), (RunStatus::Completed, Some(json!("ok"))));
     assert!(store.claim(&req("c")).await.unwrap().is_none(), "terminal runs are not claimable");
+}
+
+/// Emits `count` events `{ "n": i }` for i in `from..from + count`, yielding now and then so that
+/// readers interleave; returns the index of the last one.
+async fn emit_range(ctx: &WorkflowContext, from: u64, count: u64) -> Result<Option<u64>, WorkflowError> {
+    let mut last = None;
+    for i in from..from + count {
+        last = Some(ctx.emit(&json!({ "n": i })).await?);
+        if i % 10 == 0 {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+    Ok(last)
+}
+
+fn expected_events(range: std::ops::Range<u64>) -> Vec<(u64, Value)> {
+    range.map(|i| (i, json!({ "n": i }))).collect()
+}
+
+pub async fn stream_of_100_read_from_0_and_from_50(backend: &impl Backend) {
+    let engine = Engine::builder(backend.open("db").await)
+        .register("emit100", |ctx: WorkflowContext, _input: Value| async move {
+            let last = emit_range(&ctx, 0, 100).await?;
+            Ok(json!({ "last": last }))
+        })
+        .build();
+    let id = engine.start("emit100", json!({}), StartOptions::default()).await.unwrap();
+    let run = finished(&engine, &id).await;
+    assert_eq!((run.status, run.output), (RunStatus::Completed, Some(json!({ "last": 99 }))));
+
+    let all = engine.read_stream(&id, 0).await.unwrap().collect().await.unwrap();
+    assert_eq!(all, expected_events(0..100));
+    let tail = engine.read_stream(&id, 50).await.unwrap().collect().await.unwrap();
+    assert_eq!(tail, expected_events(50..100));
+    // A reader that reconnects with the next index gets nothing more and ends.
+    let mut past_end = engine.read_stream(&id, 100).await.unwrap();
+    assert!(past_end.next().await.is_none());
+    assert!(past_end.next().await.is_none(), "an ended reader stays ended");
+
+    let kinds = assert_log(&engine, &id).await;
+    assert_eq!(count(&kinds, EventKind::StreamEmitted), 100);
+
+    // The store reads in batches from any index.
+    let store = engine.store();
+    let batch = store.read_stream(&id, 10, 5).await.unwrap();
+    assert_eq!(batch, expected_events(10..15));
+
+    let unknown = RunId::from("no-such-run".to_owned());
+    assert_eq!(engine.read_stream(&unknown, 0).await.unwrap_err(), EngineError::RunNotFound(unknown));
+}
+
+pub async fn stream_read_live_across_hook_waits_without_duplicates(backend: &impl Backend) {
+    let engine = Engine::builder(backend.open("db").await)
+        .register("live", |ctx: WorkflowContext, _input: Value| async move {
+            ctx.hook("stream-go", json!(null)).await?.next().await?;
+            let first = emit_range(&ctx, 0, 50).await?;
+            // Every emit above is replayed (not appended again) when this hook's payload wakes the run.
+            ctx.hook("stream-more", json!(null)).await?.next().await?;
+            let last = emit_range(&ctx, 50, 50).await?;
+            Ok(json!({ "first_half_last": first, "last": last }))
+        })
+        .build();
+    let id = engine.start("live", json!({}), StartOptions::default()).await.unwrap();
+    waiting(&engine, &id).await;
+    // The reader starts before anything was emitted.
+    let mut reader = engine.read_stream(&id, 0).await.unwrap();
+    assert_eq!(reader.run_id(), &id);
+    let reading = tokio::spawn(async move {
+        let mut got = Vec::new();
+        for _ in 0..50 {
+            got.push(reader.next().await.expect("stream is live").expect("read"));
+        }
+        (reader, got)
+    });
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    engine.resume_hook("stream-go", json!(1)).await.unwrap();
+    let (mut reader, mut got) = reading.await.unwrap();
+    assert_eq!(got, expected_events(0..50));
+    assert_eq!(reader.next_index(), 50);
+
+    // The run now waits on the second hook: the reader waits too, without ending.
+    engine.wait_until(&id, WAIT, |r| r.status == RunStatus::Waiting).await.unwrap();
+    let idle = tokio::time::timeout(Duration::from_millis(150), reader.next()).await;
+    assert!(idle.is_err(), "reader of a waiting run neither ends nor yields: {idle:?}");
+
+    let resume = {
+        let engine = engine.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            engine.resume_hook("stream-more", json!(2)).await.unwrap();
+        })
+    };
+    while let Some(item) = reader.next().await {
+        got.push(item.unwrap());
+    }
+    resume.await.unwrap();
+    assert_eq!(got, expected_events(0..100), "live reader gets every event once, in order, then ends");
+
+    let run = finished(&engine, &id).await;
+    assert_eq!(run.status, RunStatus::Completed);
+    assert_eq!(run.output, Some(json!({ "first_half_last": 49, "last": 99 })));
+    // Replays of the first 50 emits appended nothing.
+    assert_eq!(engine.read_stream(&id, 0).await.unwrap().collect().await.unwrap(), expected_events(0..100));
+    let kinds = assert_log(&engine, &id).await;
+    assert_eq!(count(&kinds, EventKind::StreamEmitted), 100);
+    assert!(count(&kinds, EventKind::RunStarted) >= 3, "the run was replayed after each hook: {kinds:?}");
 }
