@@ -180,21 +180,10 @@ impl ContinuationCodec {
                 format!("the continuation is {size} bytes, over the limit of {limit}"),
             )
         };
+        let within = |token: String| if token.len() as u64 > limit { Err(too_large(token.len())) } else { Ok(token) };
         match self {
-            ContinuationCodec::Signed(codec) => {
-                let token = codec.encode(&bytes, audience, SystemTime::now());
-                if token.len() as u64 > limit {
-                    return Err(too_large(token.len()));
-                }
-                Ok(token)
-            }
-            ContinuationCodec::Sealed(codec) => {
-                let token = codec.encode(&bytes, audience, SystemTime::now());
-                if token.len() as u64 > limit {
-                    return Err(too_large(token.len()));
-                }
-                Ok(token)
-            }
+            ContinuationCodec::Signed(codec) => within(codec.encode(&bytes, audience, SystemTime::now())),
+            ContinuationCodec::Sealed(codec) => within(codec.encode(&bytes, audience, SystemTime::now())),
             ContinuationCodec::Stored(codec) => {
                 if bytes.len() as u64 > limit {
                     return Err(too_large(bytes.len()));
@@ -229,14 +218,8 @@ impl ContinuationCodec {
     /// needed: inspection is for whoever holds the secret or the store).
     pub async fn inspect(&self, token: &str) -> Result<Inspection, RunError> {
         let (header, state) = match self {
-            ContinuationCodec::Signed(codec) => {
-                let (header, bytes) = codec.decode_unscoped(token, SystemTime::now()).map_err(token_error)?;
-                (header, decode_state(&bytes, &Limits::default())?)
-            }
-            ContinuationCodec::Sealed(codec) => {
-                let (header, bytes) = codec.decode_unscoped(token, SystemTime::now()).map_err(token_error)?;
-                (header, decode_state(&bytes, &Limits::default())?)
-            }
+            ContinuationCodec::Signed(codec) => unpack(codec.decode_unscoped(token, SystemTime::now()))?,
+            ContinuationCodec::Sealed(codec) => unpack(codec.decode_unscoped(token, SystemTime::now()))?,
             ContinuationCodec::Stored(codec) => {
                 let record = codec.store.peek(parse_key(token)?).await.map_err(store_error)?;
                 let header = TokenHeader {
@@ -258,6 +241,12 @@ impl ContinuationCodec {
             interruptions,
         })
     }
+}
+
+/// The header and state of a verified self-contained token.
+fn unpack(decoded: Result<(TokenHeader, Vec<u8>), TokenError>) -> Result<(TokenHeader, ContinuationState), RunError> {
+    let (header, bytes) = decoded.map_err(token_error)?;
+    Ok((header, decode_state(&bytes, &Limits::default())?))
 }
 
 /// Decompresses (never beyond the continuation limit) and decodes a state.
