@@ -2,23 +2,32 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use serde_json::Value;
-use tokio::sync::Notify;
+use serde_json::{Value, json};
 
+use crate::child::ChildRun;
+use crate::engine::Shared;
 use crate::error::{StepError, StepFailure, WorkflowError};
 use crate::execution::{Abort, Execution};
 use crate::hook::Hook;
-use crate::ids::RunId;
+use crate::ids::{DeterministicRng, RunId};
 use crate::step::{RetryPolicy, StepContext};
 use crate::store::{
-    Fence, HookCreation, HookState, OpRecord, RunHistory, StepState, StepUpdate, Store, WaitRecord, WaitState,
+    Fence, HookCreation, HookState, NewRun, OpRecord, RunHistory, StepState, StepUpdate, Store, WaitRecord,
+    WaitResolution, WaitState,
 };
-use crate::time::{Millis, duration_ms, now_ms, to_ms};
+use crate::time::{Millis, duration_ms, from_ms, now_ms, to_ms};
+
+/// The step name under which [`WorkflowContext::now`] records the clock.
+const NOW_STEP: &str = "$now";
+/// The step name under which [`WorkflowContext::start_child`] records the child's id.
+const START_CHILD_STEP: &str = "$start_child";
+/// The step name under which [`ChildRun::result`] records how the child ended.
+const CHILD_RESULT_STEP: &str = "$child_result";
 
 /// The handle a workflow function uses to do durable work. Cheap to clone.
 ///
@@ -34,11 +43,10 @@ struct Inner {
     run_id: RunId,
     workflow: String,
     fence: Fence,
-    store: Arc<dyn Store>,
+    shared: Arc<Shared>,
     history: RunHistory,
     exec: Arc<Execution>,
-    /// Signalled after every appended stream event (wakes this process's stream readers).
-    streamed: Arc<Notify>,
+    rng: Mutex<DeterministicRng>,
 }
 
 impl fmt::Debug for WorkflowContext {
@@ -60,17 +68,22 @@ fn describe(op: &OpRecord) -> String {
     }
 }
 
+/// How a child run ended, as recorded in its parent's history.
+fn child_outcome(run: &crate::RunInfo) -> Value {
+    json!({ "status": run.status, "output": run.output, "error": run.error })
+}
+
 impl WorkflowContext {
     pub(crate) fn new(
         workflow: String,
         fence: Fence,
-        store: Arc<dyn Store>,
+        shared: Arc<Shared>,
         history: RunHistory,
         exec: Arc<Execution>,
-        streamed: Arc<Notify>,
     ) -> WorkflowContext {
+        let rng = Mutex::new(DeterministicRng::for_run(&fence.run_id));
         WorkflowContext {
-            inner: Arc::new(Inner { run_id: fence.run_id.clone(), workflow, fence, store, history, exec, streamed }),
+            inner: Arc::new(Inner { run_id: fence.run_id.clone(), workflow, fence, shared, history, exec, rng }),
         }
     }
 
@@ -89,7 +102,7 @@ impl WorkflowContext {
     }
 
     fn store(&self) -> &dyn Store {
-        &*self.inner.store
+        &*self.inner.shared.store
     }
 
     /// Stops the execution with a nondeterminism error: the history has `recorded` at `position`.
@@ -212,21 +225,182 @@ impl WorkflowContext {
     /// Payload `index` of the hook at `position`; blocks until it arrives.
     pub(crate) async fn hook_payload(&self, position: u32, index: u64) -> Result<Value, WorkflowError> {
         let inflight = self.exec().enter();
+        match self.find_payload(position, index).await {
+            Some(p) => Ok(p.value),
+            None => {
+                drop(inflight);
+                self.exec().block(None).await
+            }
+        }
+    }
+
+    /// Payload `index` of the hook at `position`, from the history or the store, if it arrived.
+    async fn find_payload(&self, position: u32, index: u64) -> Option<crate::store::HookPayload> {
         let recorded = match self.inner.history.ops.get(&position) {
             Some(OpRecord::Hook(h)) => usize::try_from(index).ok().and_then(|i| h.payloads.get(i)),
             _ => None,
         };
         if let Some(p) = recorded {
-            return Ok(p.clone());
+            return Some(p.clone());
         }
         match self.store().hook_payload(&self.inner.run_id, position, index).await {
-            Ok(Some(v)) => Ok(v),
-            Ok(None) => {
-                drop(inflight);
-                self.exec().block(None).await
-            }
+            Ok(found) => found,
             Err(e) => self.exec().abort(e.into()).await,
         }
+    }
+
+    /// Payload `index` of the hook at `position` raced against a durable timer at the next
+    /// position: `Some` when the payload was received before the timer was due, `None` when the
+    /// timer won. The winner is recorded (the timer is cancelled or fired), so a replay decides
+    /// the same way.
+    pub(crate) async fn hook_payload_before(
+        &self,
+        position: u32,
+        index: u64,
+        due: impl FnOnce() -> Millis,
+    ) -> Result<Option<Value>, WorkflowError> {
+        let timer = self.exec().next_position();
+        let inflight = self.exec().enter();
+        let record = self.timer(timer, due).await;
+        match record.state {
+            WaitState::Fired => return Ok(None),
+            WaitState::Cancelled => {
+                return match self.find_payload(position, index).await {
+                    Some(p) => Ok(Some(p.value)),
+                    None => {
+                        let message =
+                            format!("timer {timer} was won by payload {index} of hook {position}, which is missing");
+                        self.exec().abort(Abort::Store(crate::StoreError::Corrupt(message))).await
+                    }
+                };
+            }
+            WaitState::Pending => {}
+        }
+        let now = now_ms();
+        let resolution = match self.find_payload(position, index).await {
+            // Clocks of different processes may disagree: a payload is late only once the timer is due here.
+            Some(p) if p.received_at <= record.due_at || record.due_at > now => {
+                Some((WaitResolution::Cancelled, Some(p.value)))
+            }
+            _ if record.due_at <= now => Some((WaitResolution::Fired, None)),
+            _ => None,
+        };
+        let Some((resolution, payload)) = resolution else {
+            drop(inflight);
+            return self.exec().block(Some(record.due_at)).await;
+        };
+        if let Err(e) = self.store().resolve_wait(&self.inner.fence, timer, resolution).await {
+            return self.exec().abort(e.into()).await;
+        }
+        Ok(payload)
+    }
+
+    /// Records a value at the next position the first time this point is reached (as a step
+    /// named `name` that completed at once) and returns the recorded value on every replay.
+    async fn recorded(&self, name: &str, compute: impl FnOnce() -> Value) -> Value {
+        let position = self.exec().next_position();
+        let _inflight = self.exec().enter();
+        match self.inner.history.ops.get(&position) {
+            Some(OpRecord::Step(s)) if s.name == name => {
+                if let StepState::Completed(v) = &s.state {
+                    return v.clone();
+                }
+            }
+            Some(other) => return self.nondeterministic(position, other, format!("{name:?}")).await,
+            None => {}
+        }
+        let value = compute();
+        match self.store().record_step(&self.inner.fence, position, name, &value).await {
+            Ok(()) => value,
+            Err(e) => self.exec().abort(e.into()).await,
+        }
+    }
+
+    /// The current time, made deterministic: the first execution that reaches this call records
+    /// the wall clock, and every replay returns that same time. Each call is a recorded operation
+    /// (one small write the first time), so call it where the workflow needs a timestamp, not in
+    /// a loop.
+    pub async fn now(&self) -> SystemTime {
+        let value = self.recorded(NOW_STEP, || json!(now_ms())).await;
+        from_ms(value.as_i64().unwrap_or_default())
+    }
+
+    /// A pseudo-random number in `[0, 1)`, deterministic for the run: the n-th call of every
+    /// execution of this run returns the same value, so a replay takes the same branches. It is
+    /// seeded from the run id and is **not** suitable for secrets; generate those inside a step.
+    pub fn random(&self) -> f64 {
+        self.inner.rng.lock().unwrap_or_else(|p| p.into_inner()).next_unit()
+    }
+
+    /// Starts the registered workflow `workflow` as a child of this run, exactly once: the start
+    /// is a step (retried on store errors) whose recorded result is the child's id, and the child
+    /// is created under an idempotency key derived from the step, so a crash between creating the
+    /// child and recording the step cannot start it twice. Await its result with
+    /// [`ChildRun::result`]; cancelling this run cancels the child too.
+    pub async fn start_child(&self, workflow: &str, input: Value) -> Result<ChildRun, WorkflowError> {
+        let registered = self.inner.shared.registry.get(workflow).is_some();
+        let store = Arc::clone(&self.inner.shared.store);
+        let parent = self.inner.run_id.clone();
+        let id: RunId = self
+            .step(START_CHILD_STEP, |s: StepContext| async move {
+                if !registered {
+                    return Err(StepError::fatal(format!("no workflow named {workflow:?} is registered")));
+                }
+                let run = NewRun {
+                    workflow: workflow.to_owned(),
+                    input,
+                    idempotency_key: Some(format!("child:{}", s.step_id)),
+                    parent_run_id: Some(parent),
+                };
+                match store.create_run(run).await {
+                    Ok(created) => Ok(created.run_id),
+                    Err(e) => Err(StepError::retryable(format!("could not start the child run: {e}"))),
+                }
+            })
+            .await?;
+        self.inner.shared.wake.notify_waiters();
+        Ok(ChildRun::new(self.clone(), id))
+    }
+
+    /// Waits durably until the child run `child` has ended and returns its output, or
+    /// [`WorkflowError::ChildFailed`] when it failed or was cancelled. How it ended is recorded,
+    /// so a replay returns the same without reading the child again.
+    pub(crate) async fn child_result(&self, child: &RunId) -> Result<Value, WorkflowError> {
+        let position = self.exec().next_position();
+        let inflight = self.exec().enter();
+        let outcome = match self.inner.history.ops.get(&position) {
+            Some(OpRecord::Step(s)) if s.name == CHILD_RESULT_STEP => match &s.state {
+                StepState::Completed(v) => v.clone(),
+                _ => Value::Null,
+            },
+            Some(other) => {
+                return self.nondeterministic(position, other, format!("{CHILD_RESULT_STEP:?}")).await;
+            }
+            None => {
+                let run = match self.store().get_run(child).await {
+                    Ok(Some(run)) => run,
+                    Ok(None) => return Err(WorkflowError::msg(format!("child run {child} does not exist"))),
+                    Err(e) => return self.exec().abort(e.into()).await,
+                };
+                if !run.status.is_terminal() {
+                    // The child's end wakes this run.
+                    drop(inflight);
+                    return self.exec().block(None).await;
+                }
+                let outcome = child_outcome(&run);
+                if let Err(e) = self.store().record_step(&self.inner.fence, position, CHILD_RESULT_STEP, &outcome).await
+                {
+                    return self.exec().abort(e.into()).await;
+                }
+                outcome
+            }
+        };
+        if outcome["status"] == json!("completed") {
+            return Ok(outcome["output"].clone());
+        }
+        let status = outcome["status"].as_str().unwrap_or("failed").to_owned();
+        let error = outcome["error"].as_str().unwrap_or_default().to_owned();
+        Err(WorkflowError::ChildFailed { run_id: child.clone(), status, error })
     }
 
     /// Appends `event` to the run's stream and returns its index (0, 1, 2, ...).
@@ -245,7 +419,7 @@ impl WorkflowContext {
         let value = serde_json::to_value(event)?;
         match self.store().append_stream(&self.inner.fence, position, &value).await {
             Ok(index) => {
-                self.inner.streamed.notify_waiters();
+                self.inner.shared.streamed.notify_waiters();
                 Ok(index)
             }
             Err(e) => self.exec().abort(e.into()).await,
@@ -262,26 +436,31 @@ impl WorkflowContext {
         self.wait(|| to_ms(deadline)).await;
     }
 
-    /// The durable timer at the next position; `due` is computed only on first execution.
-    async fn wait(&self, due: impl FnOnce() -> Millis) {
-        let position = self.exec().next_position();
-        let inflight = self.exec().enter();
-        let fence = &self.inner.fence;
-        let record = match self.inner.history.ops.get(&position) {
+    /// The durable timer at `position`: the recorded one, or a new one due at `due()`.
+    async fn timer(&self, position: u32, due: impl FnOnce() -> Millis) -> WaitRecord {
+        match self.inner.history.ops.get(&position) {
             Some(OpRecord::Wait(w)) => w.clone(),
-            Some(other) => return self.nondeterministic(position, other, "sleep".to_owned()).await,
+            Some(other) => self.nondeterministic(position, other, "sleep".to_owned()).await,
             None => {
                 let due_at = due();
-                if let Err(e) = self.store().create_wait(fence, position, due_at).await {
+                if let Err(e) = self.store().create_wait(&self.inner.fence, position, due_at).await {
                     return self.exec().abort(e.into()).await;
                 }
                 WaitRecord { due_at, state: WaitState::Pending }
             }
-        };
+        }
+    }
+
+    /// The durable timer at the next position; `due` is computed only on first execution.
+    async fn wait(&self, due: impl FnOnce() -> Millis) {
+        let position = self.exec().next_position();
+        let inflight = self.exec().enter();
+        let record = self.timer(position, due).await;
         match record.state {
             WaitState::Fired | WaitState::Cancelled => {}
             WaitState::Pending if record.due_at <= now_ms() => {
-                if let Err(e) = self.store().fire_wait(fence, position).await {
+                let fired = self.store().resolve_wait(&self.inner.fence, position, WaitResolution::Fired).await;
+                if let Err(e) = fired {
                     self.exec().abort::<()>(e.into()).await;
                 }
             }

@@ -18,7 +18,7 @@ use crate::execution::{Abort, Execution};
 use crate::hook::{HookInfo, ResumeReceipt};
 use crate::ids::{RunId, random_hex};
 use crate::registry::Registry;
-use crate::run::{RunInfo, RunStatus, StartOptions};
+use crate::run::{RunFilter, RunInfo, RunPage, RunStatus, StartOptions};
 use crate::store::{NewRun, Store};
 use crate::stream::StreamReader;
 use crate::worker;
@@ -132,10 +132,31 @@ impl EngineBuilder {
             executing: Mutex::new(HashMap::new()),
         });
         let (shutdown, rx) = watch::channel(false);
-        let workers = (0..shared.options.workers)
+        let mut workers: Vec<JoinHandle<()>> = (0..shared.options.workers)
             .map(|_| tokio::spawn(worker::run_worker(Arc::clone(&shared), rx.clone())))
             .collect();
+        if let Some(signal) = shared.store.wake_signal() {
+            workers.push(tokio::spawn(forward_wake_signal(signal, Arc::downgrade(&shared), rx)));
+        }
         Engine { shared, lifetime: Arc::new(Lifetime { shutdown, workers: Mutex::new(workers) }) }
+    }
+}
+
+/// Turns the store's cross-process wake-up hints into this engine's local wake-ups.
+async fn forward_wake_signal(
+    mut signal: watch::Receiver<u64>,
+    shared: std::sync::Weak<Shared>,
+    mut shutdown: watch::Receiver<bool>,
+) {
+    loop {
+        tokio::select! {
+            changed = signal.changed() => if changed.is_err() { return },
+            changed = shutdown.changed() => if changed.is_err() || *shutdown.borrow() { return },
+        }
+        let Some(shared) = shared.upgrade() else { return };
+        shared.wake.notify_waiters();
+        shared.changed.notify_waiters();
+        shared.streamed.notify_waiters();
     }
 }
 
@@ -170,7 +191,12 @@ impl Engine {
         if self.shared.registry.get(workflow).is_none() {
             return Err(EngineError::UnknownWorkflow(workflow.to_owned()));
         }
-        let run = NewRun { workflow: workflow.to_owned(), input, idempotency_key: options.idempotency_key };
+        let run = NewRun {
+            workflow: workflow.to_owned(),
+            input,
+            idempotency_key: options.idempotency_key,
+            parent_run_id: None,
+        };
         let created = self.shared.store.create_run(run).await?;
         if created.created {
             self.shared.wake.notify_waiters();
@@ -181,6 +207,11 @@ impl Engine {
     /// Reads a run.
     pub async fn get_run(&self, id: &RunId) -> Result<RunInfo, EngineError> {
         self.shared.store.get_run(id).await?.ok_or_else(|| EngineError::RunNotFound(id.clone()))
+    }
+
+    /// Lists runs matching `filter`, newest first, one page at a time (see [`RunPage::next_cursor`]).
+    pub async fn list_runs(&self, filter: &RunFilter) -> Result<RunPage, EngineError> {
+        Ok(self.shared.store.list_runs(filter).await?)
     }
 
     /// Reads a run's event log, in order.

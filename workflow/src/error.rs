@@ -66,6 +66,15 @@ pub enum WorkflowError {
         /// The run that owns it.
         owner_run_id: RunId,
     },
+    /// A child run failed or was cancelled.
+    ChildFailed {
+        /// The child run.
+        run_id: RunId,
+        /// How it ended: `"failed"` or `"cancelled"`.
+        status: String,
+        /// Its error message (or cancellation reason).
+        error: String,
+    },
     /// A value could not be converted to or from JSON.
     Serialization(String),
     /// An error raised by workflow code.
@@ -88,6 +97,7 @@ impl fmt::Display for WorkflowError {
             WorkflowError::HookConflict { token, owner_run_id } => {
                 write!(f, "hook token {token:?} is already used by an active hook of run {owner_run_id}")
             }
+            WorkflowError::ChildFailed { run_id, status, error } => write!(f, "child run {run_id} {status}: {error}"),
             WorkflowError::Serialization(m) => write!(f, "serialization error: {m}"),
             WorkflowError::Failed(m) => f.write_str(m),
         }

@@ -31,6 +31,7 @@
 //! # Ok(()) }
 //! ```
 
+mod child;
 mod context;
 mod engine;
 mod error;
@@ -46,6 +47,7 @@ mod stream;
 mod time;
 mod worker;
 
+pub use child::ChildRun;
 pub use context::WorkflowContext;
 pub use engine::{Engine, EngineBuilder, EngineOptions};
 pub use error::{EngineError, StepError, StepFailure, StoreError, WorkflowError};
@@ -53,8 +55,9 @@ pub use event::{Event, EventKind};
 pub use hook::{Hook, HookInfo, ResumeReceipt};
 pub use ids::RunId;
 pub use registry::WorkflowFn;
-pub use run::{RunInfo, RunStatus, StartOptions};
+pub use run::{RunCursor, RunFilter, RunInfo, RunPage, RunStatus, StartOptions};
 pub use step::{RetryPolicy, StepContext};
+pub use store::HookPayload;
 pub use store::Store;
 pub use store::sqlite::{SqliteStore, SqliteStoreOptions};
 pub use stream::StreamReader;

@@ -85,6 +85,8 @@ pub struct RunInfo {
     pub error: Option<String>,
     /// The idempotency key it was started with, if any.
     pub idempotency_key: Option<String>,
+    /// The run that started it as a child, if any.
+    pub parent_run_id: Option<RunId>,
     /// How many times a worker claimed it (the current lease attempt).
     pub attempt: u32,
     /// When it was created.
@@ -109,4 +111,72 @@ impl StartOptions {
     pub fn with_idempotency_key(key: impl Into<String>) -> StartOptions {
         StartOptions { idempotency_key: Some(key.into()) }
     }
+}
+
+/// Which runs [`Engine::list_runs`](crate::Engine::list_runs) returns. Every set field must match.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct RunFilter {
+    /// Only runs of this workflow.
+    pub workflow: Option<String>,
+    /// Only runs in one of these statuses (all statuses when empty).
+    pub statuses: Vec<RunStatus>,
+    /// Only children of this run.
+    pub parent_run_id: Option<RunId>,
+    /// Only runs created at or after this time.
+    pub created_after: Option<SystemTime>,
+    /// Only runs created before this time.
+    pub created_before: Option<SystemTime>,
+    /// At most this many runs per page (100 when `None`; capped at [`RunFilter::MAX_LIMIT`]).
+    pub limit: Option<u32>,
+    /// Continue after the page that returned this cursor ([`RunPage::next_cursor`]).
+    pub cursor: Option<RunCursor>,
+}
+
+impl RunFilter {
+    /// The default page size.
+    pub const DEFAULT_LIMIT: u32 = 100;
+    /// The largest page size.
+    pub const MAX_LIMIT: u32 = 1_000;
+
+    /// The page size this filter asks for, within bounds.
+    pub fn page_size(&self) -> u32 {
+        self.limit.unwrap_or(RunFilter::DEFAULT_LIMIT).clamp(1, RunFilter::MAX_LIMIT)
+    }
+
+    /// Only runs of this workflow.
+    pub fn workflow(mut self, workflow: impl Into<String>) -> RunFilter {
+        self.workflow = Some(workflow.into());
+        self
+    }
+
+    /// Only runs in this status (may be given several times).
+    pub fn status(mut self, status: RunStatus) -> RunFilter {
+        self.statuses.push(status);
+        self
+    }
+
+    /// At most `limit` runs per page.
+    pub fn limit(mut self, limit: u32) -> RunFilter {
+        self.limit = Some(limit);
+        self
+    }
+}
+
+/// Where a page of [`Engine::list_runs`](crate::Engine::list_runs) ended: the creation time (ms
+/// since the Unix epoch) and id of its last run. Runs are listed newest first.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub struct RunCursor {
+    /// The last run's creation time, in milliseconds since the Unix epoch.
+    pub created_at_ms: i64,
+    /// The last run's id.
+    pub run_id: RunId,
+}
+
+/// One page of runs, newest first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RunPage {
+    /// The runs of this page.
+    pub runs: Vec<RunInfo>,
+    /// Pass this as [`RunFilter::cursor`] to read the next page; `None` on the last page.
+    pub next_cursor: Option<RunCursor>,
 }

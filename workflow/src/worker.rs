@@ -61,14 +61,8 @@ async fn execute(shared: &Arc<Shared>, run: ClaimedRun) {
     };
     let exec = Arc::new(Execution::default());
     shared.executing.lock().unwrap_or_else(|p| p.into_inner()).insert(fence.run_id.clone(), Arc::clone(&exec));
-    let ctx = WorkflowContext::new(
-        run.workflow.clone(),
-        fence.clone(),
-        Arc::clone(&shared.store),
-        run.history,
-        Arc::clone(&exec),
-        Arc::clone(&shared.streamed),
-    );
+    let ctx =
+        WorkflowContext::new(run.workflow.clone(), fence.clone(), Arc::clone(shared), run.history, Arc::clone(&exec));
     let heartbeat =
         tokio::spawn(heartbeat(Arc::clone(&shared.store), fence.clone(), shared.options.lease, Arc::clone(&exec)));
     // The execution runs in its own task so that a panicking workflow fails its run, not the worker.

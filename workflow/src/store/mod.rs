@@ -14,12 +14,13 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use serde_json::Value;
+use tokio::sync::watch;
 
 use crate::error::StoreError;
 use crate::event::Event;
 use crate::hook::{HookInfo, ResumeReceipt};
 use crate::ids::RunId;
-use crate::run::{RunInfo, RunStatus};
+use crate::run::{RunFilter, RunInfo, RunPage, RunStatus};
 
 pub use crate::time::Millis;
 
@@ -44,6 +45,8 @@ pub struct NewRun {
     pub input: Value,
     /// When set, a run that already has this key is returned instead of creating one.
     pub idempotency_key: Option<String>,
+    /// The run that started this one as a child; it is woken when this run ends.
+    pub parent_run_id: Option<RunId>,
 }
 
 /// The result of [`Store::create_run`].
@@ -145,7 +148,7 @@ pub struct HookRecord {
     /// Where it stands.
     pub state: HookState,
     /// Payloads received so far, in order.
-    pub payloads: Vec<Value>,
+    pub payloads: Vec<HookPayload>,
 }
 
 /// The state of a recorded hook.
@@ -178,8 +181,26 @@ pub enum WaitState {
     Pending,
     /// Fired (observed by the workflow after its due time).
     Fired,
-    /// Cancelled because its run ended first.
+    /// Cancelled: the hook it raced against won, or its run ended first.
     Cancelled,
+}
+
+/// How a pending timer is resolved, for [`Store::resolve_wait`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WaitResolution {
+    /// The timer fired.
+    Fired,
+    /// The hook payload it raced against arrived first; the timer will never fire.
+    Cancelled,
+}
+
+/// A payload delivered to a hook.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HookPayload {
+    /// The payload.
+    pub value: Value,
+    /// When the store received it.
+    pub received_at: Millis,
 }
 
 /// How a step attempt ended, for [`Store::update_step`].
@@ -235,12 +256,23 @@ pub enum RunOutcome {
 ///
 /// All methods are safe to call concurrently, from many engines and processes sharing a database.
 pub trait Store: Send + Sync + 'static {
+    /// A counter the backend bumps whenever another process sharing the database may have made a
+    /// run runnable or changed one (a wake-up hint, such as PostgreSQL's `NOTIFY`). Every engine
+    /// subscribes and treats a change like a local wake-up; polling remains the fallback. `None`
+    /// (the default) when the backend has no such channel.
+    fn wake_signal(&self) -> Option<watch::Receiver<u64>> {
+        None
+    }
+
     /// Creates a pending run (event `run_created`). With an idempotency key that a run already has,
     /// returns that run with `created = false`, decided by a unique constraint.
     fn create_run(&self, run: NewRun) -> BoxFuture<'_, Result<CreatedRun, StoreError>>;
 
     /// Reads one run.
     fn get_run<'a>(&'a self, id: &'a RunId) -> BoxFuture<'a, Result<Option<RunInfo>, StoreError>>;
+
+    /// Lists runs matching `filter`, newest first (by creation time, then id), one page at a time.
+    fn list_runs<'a>(&'a self, filter: &'a RunFilter) -> BoxFuture<'a, Result<RunPage, StoreError>>;
 
     /// Reads a run's whole event log, in `seq` order.
     fn events<'a>(&'a self, id: &'a RunId) -> BoxFuture<'a, Result<Vec<Event>, StoreError>>;
@@ -290,7 +322,7 @@ pub trait Store: Send + Sync + 'static {
         run_id: &'a RunId,
         position: u32,
         index: u64,
-    ) -> BoxFuture<'a, Result<Option<Value>, StoreError>>;
+    ) -> BoxFuture<'a, Result<Option<HookPayload>, StoreError>>;
 
     /// Creates the durable timer at `position` (event `wait_created`).
     fn create_wait<'a>(
@@ -300,8 +332,25 @@ pub trait Store: Send + Sync + 'static {
         due_at: Millis,
     ) -> BoxFuture<'a, Result<(), StoreError>>;
 
-    /// Marks the timer at `position` fired (event `wait_completed`); a no-op if it already fired.
-    fn fire_wait<'a>(&'a self, fence: &'a Fence, position: u32) -> BoxFuture<'a, Result<(), StoreError>>;
+    /// Resolves the pending timer at `position` (event `wait_completed` with `fired` true or
+    /// false); a no-op if it was already resolved.
+    fn resolve_wait<'a>(
+        &'a self,
+        fence: &'a Fence,
+        position: u32,
+        resolution: WaitResolution,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
+
+    /// Records at `position` a step that completed at once with `result`, in one transaction
+    /// (event `step_completed`, attempt 1). Used for values that must be the same on every replay
+    /// (the clock, a child run's result).
+    fn record_step<'a>(
+        &'a self,
+        fence: &'a Fence,
+        position: u32,
+        name: &'a str,
+        result: &'a Value,
+    ) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Ends an execution that is blocked (event `run_suspended`): the run becomes `waiting` until
     /// `wake_at` or a hook payload, or `pending` at once if a payload arrived during the execution.
@@ -313,12 +362,14 @@ pub trait Store: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<RunStatus, StoreError>>;
 
     /// Ends a run (event `run_completed` or `run_failed`), disposing its active hooks (events
-    /// `hook_disposed`) and cancelling its pending timers in the same transaction.
+    /// `hook_disposed`) and cancelling its pending timers in the same transaction, and wakes its
+    /// parent run, if any.
     fn finish_run<'a>(&'a self, fence: &'a Fence, outcome: RunOutcome) -> BoxFuture<'a, Result<(), StoreError>>;
 
     /// Cancels a run that has not ended (event `run_cancelled`, hooks disposed, timers cancelled,
-    /// any execution's lease voided). Returns the run's status afterwards; a run that had already
-    /// ended keeps its status.
+    /// any execution's lease voided), and with it every child run that has not ended, in one
+    /// transaction; wakes its parent, if any. Returns the run's status afterwards; a run that had
+    /// already ended keeps its status.
     fn cancel_run<'a>(&'a self, id: &'a RunId, reason: &'a str) -> BoxFuture<'a, Result<RunStatus, StoreError>>;
 
     /// Reads the active hook with this token, if any.

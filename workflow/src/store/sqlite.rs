@@ -13,20 +13,22 @@ use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, S
 use sqlx::{Row, Sqlite, SqlitePool, Transaction};
 
 use super::{
-    BoxFuture, ClaimRequest, ClaimedRun, CreatedRun, EmitRecord, Fence, HookCreation, HookRecord, HookState, NewRun,
-    OpRecord, RunHistory, RunOutcome, StepRecord, StepState, StepUpdate, Store, WaitRecord, WaitState,
+    BoxFuture, ClaimRequest, ClaimedRun, CreatedRun, EmitRecord, Fence, HookCreation, HookPayload, HookRecord,
+    HookState, NewRun, OpRecord, RunHistory, RunOutcome, StepRecord, StepState, StepUpdate, Store, WaitRecord,
+    WaitResolution, WaitState,
 };
 use crate::error::StoreError;
 use crate::event::{Event, EventKind};
 use crate::hook::{HookInfo, ResumeReceipt};
 use crate::ids::RunId;
-use crate::run::{RunInfo, RunStatus};
-use crate::time::{Millis, duration_ms, from_ms, now_ms};
+use crate::run::{RunCursor, RunFilter, RunInfo, RunPage, RunStatus};
+use crate::time::{Millis, duration_ms, from_ms, now_ms, to_ms};
 
 /// The embedded migrations, applied in order at open: (version, name, SQL).
 const MIGRATIONS: &[(i64, &str, &str)] = &[
-    (1, "init", include_str!("../../migrations/0001_init.sql")),
-    (2, "stream_positions", include_str!("../../migrations/0002_stream_positions.sql")),
+    (1, "init", include_str!("../../migrations/sqlite/0001_init.sql")),
+    (2, "stream_positions", include_str!("../../migrations/sqlite/0002_stream_positions.sql")),
+    (3, "child_runs", include_str!("../../migrations/sqlite/0003_child_runs.sql")),
 ];
 
 /// How hard SQLite works to make a commit durable (`PRAGMA synchronous`).
@@ -256,6 +258,57 @@ async fn release_resources(
     Ok(())
 }
 
+/// Makes a run that has not ended runnable again: a waiting run becomes pending, a running one
+/// remembers the request so that its suspension is not final.
+async fn wake_run(tx: &mut Transaction<'static, Sqlite>, run_id: &str) -> Result<(), StoreError> {
+    sqlx::query(
+        "UPDATE runs SET wake_requested = 1, status = CASE WHEN status = 'waiting' THEN 'pending' ELSE status END
+         WHERE id = ? AND status IN ('pending', 'running', 'waiting')",
+    )
+    .bind(run_id)
+    .execute(&mut **tx)
+    .await
+    .map_err(db)?;
+    Ok(())
+}
+
+/// Wakes the parent of `run_id`, if it has one (part of ending a run).
+async fn wake_parent(tx: &mut Transaction<'static, Sqlite>, run_id: &RunId) -> Result<(), StoreError> {
+    let parent: Option<String> = sqlx::query_scalar("SELECT parent_run_id FROM runs WHERE id = ?")
+        .bind(run_id.as_str())
+        .fetch_optional(&mut **tx)
+        .await
+        .map_err(db)?
+        .flatten();
+    match parent {
+        Some(parent) => wake_run(tx, &parent).await,
+        None => Ok(()),
+    }
+}
+
+/// Cancels one run that has not ended: resources released, lease voided, event appended.
+async fn cancel_one(
+    tx: &mut Transaction<'static, Sqlite>,
+    id: &RunId,
+    reason: &str,
+    now: Millis,
+) -> Result<(), StoreError> {
+    release_resources(tx, id, now).await?;
+    sqlx::query(
+        "UPDATE runs SET status = 'cancelled', error = ?, completed_at = ?, wake_at = NULL,
+             lease_owner = NULL, lease_expires_at = NULL
+         WHERE id = ?",
+    )
+    .bind(reason)
+    .bind(now)
+    .bind(id.as_str())
+    .execute(&mut **tx)
+    .await
+    .map_err(db)?;
+    append(tx, id, EventKind::RunCancelled, json!({ "reason": reason }), now).await?;
+    Ok(())
+}
+
 fn run_from_row(row: &SqliteRow) -> Result<RunInfo, StoreError> {
     let status: String = get(row, "status")?;
     let output: Option<String> = get(row, "output")?;
@@ -269,6 +322,7 @@ fn run_from_row(row: &SqliteRow) -> Result<RunInfo, StoreError> {
         output: output.as_deref().map(parse_json).transpose()?,
         error: get(row, "error")?,
         idempotency_key: get(row, "idempotency_key")?,
+        parent_run_id: get::<Option<String>>(row, "parent_run_id")?.map(RunId::from),
         attempt: count_of(get(row, "lease_attempt")?),
         created_at: from_ms(get(row, "created_at")?),
         updated_at: from_ms(get(row, "updated_at")?),
@@ -277,8 +331,8 @@ fn run_from_row(row: &SqliteRow) -> Result<RunInfo, StoreError> {
     })
 }
 
-const RUN_COLUMNS: &str = "id, workflow, input, status, output, error, idempotency_key, lease_attempt, created_at, \
-                           updated_at, started_at, completed_at";
+const RUN_COLUMNS: &str = "id, workflow, input, status, output, error, idempotency_key, parent_run_id, lease_attempt, \
+                           created_at, updated_at, started_at, completed_at";
 
 /// Loads everything earlier executions of a run recorded.
 async fn load_history(tx: &mut Transaction<'static, Sqlite>, run_id: &RunId) -> Result<RunHistory, StoreError> {
@@ -328,14 +382,16 @@ async fn load_history(tx: &mut Transaction<'static, Sqlite>, run_id: &RunId) -> 
         };
         history.ops.insert(position_of(row)?, OpRecord::Hook(record));
     }
-    let payloads = sqlx::query("SELECT position, payload FROM hook_payloads WHERE run_id = ? ORDER BY position, seq")
-        .bind(run_id.as_str())
-        .fetch_all(&mut **tx)
-        .await
-        .map_err(db)?;
+    let payloads =
+        sqlx::query("SELECT position, payload, received_at FROM hook_payloads WHERE run_id = ? ORDER BY position, seq")
+            .bind(run_id.as_str())
+            .fetch_all(&mut **tx)
+            .await
+            .map_err(db)?;
     for row in &payloads {
         if let Some(OpRecord::Hook(h)) = history.ops.get_mut(&position_of(row)?) {
-            h.payloads.push(parse_json(&get::<String>(row, "payload")?)?);
+            let value = parse_json(&get::<String>(row, "payload")?)?;
+            h.payloads.push(HookPayload { value, received_at: get(row, "received_at")? });
         }
     }
     let waits = sqlx::query("SELECT position, due_at, status FROM waits WHERE run_id = ?")
@@ -372,13 +428,14 @@ impl Store for SqliteStore {
             let id = RunId::generate();
             let mut tx = self.begin().await?;
             let inserted = sqlx::query(
-                "INSERT INTO runs (id, workflow, input, status, idempotency_key, created_at, updated_at)
-                 VALUES (?, ?, ?, 'pending', ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING",
+                "INSERT INTO runs (id, workflow, input, status, idempotency_key, parent_run_id, created_at, updated_at)
+                 VALUES (?, ?, ?, 'pending', ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING",
             )
             .bind(id.as_str())
             .bind(&run.workflow)
             .bind(to_json(&run.input))
             .bind(run.idempotency_key.as_deref())
+            .bind(run.parent_run_id.as_ref().map(RunId::as_str))
             .bind(now)
             .bind(now)
             .execute(&mut *tx)
@@ -394,8 +451,12 @@ impl Store for SqliteStore {
                 tx.commit().await.map_err(db)?;
                 return Ok(CreatedRun { run_id: RunId::from(existing), created: false });
             }
-            let payload =
-                json!({ "workflow": run.workflow, "input": run.input, "idempotency_key": run.idempotency_key });
+            let payload = json!({
+                "workflow": run.workflow,
+                "input": run.input,
+                "idempotency_key": run.idempotency_key,
+                "parent_run_id": run.parent_run_id,
+            });
             append(&mut tx, &id, EventKind::RunCreated, payload, now).await?;
             tx.commit().await.map_err(db)?;
             Ok(CreatedRun { run_id: id, created: true })
@@ -410,6 +471,42 @@ impl Store for SqliteStore {
                 .await
                 .map_err(db)?;
             row.as_ref().map(run_from_row).transpose()
+        })
+    }
+
+    fn list_runs<'a>(&'a self, filter: &'a RunFilter) -> BoxFuture<'a, Result<RunPage, StoreError>> {
+        Box::pin(async move {
+            let statuses: Vec<&str> = filter.statuses.iter().map(|s| s.as_str()).collect();
+            let limit = filter.page_size();
+            let rows = sqlx::query(&format!(
+                "SELECT {RUN_COLUMNS} FROM runs
+                 WHERE (?1 IS NULL OR workflow = ?1)
+                   AND (?2 = '[]' OR status IN (SELECT value FROM json_each(?2)))
+                   AND (?3 IS NULL OR parent_run_id = ?3)
+                   AND (?4 IS NULL OR created_at >= ?4)
+                   AND (?5 IS NULL OR created_at < ?5)
+                   AND (?6 IS NULL OR created_at < ?6 OR (created_at = ?6 AND id < ?7))
+                 ORDER BY created_at DESC, id DESC LIMIT ?8"
+            ))
+            .bind(filter.workflow.as_deref())
+            .bind(serde_json::to_string(&statuses).unwrap_or_else(|_| "[]".to_owned()))
+            .bind(filter.parent_run_id.as_ref().map(RunId::as_str))
+            .bind(filter.created_after.map(to_ms))
+            .bind(filter.created_before.map(to_ms))
+            .bind(filter.cursor.as_ref().map(|c| c.created_at_ms))
+            .bind(filter.cursor.as_ref().map(|c| c.run_id.as_str()))
+            .bind(i64::from(limit) + 1)
+            .fetch_all(&self.reader)
+            .await
+            .map_err(db)?;
+            let mut runs = rows.iter().map(run_from_row).collect::<Result<Vec<_>, _>>()?;
+            let next_cursor = if runs.len() > limit as usize {
+                runs.truncate(limit as usize);
+                runs.last().map(|r| RunCursor { created_at_ms: to_ms(r.created_at), run_id: r.id.clone() })
+            } else {
+                None
+            };
+            Ok(RunPage { runs, next_cursor })
         })
     }
 
@@ -664,17 +761,24 @@ impl Store for SqliteStore {
         run_id: &'a RunId,
         position: u32,
         index: u64,
-    ) -> BoxFuture<'a, Result<Option<Value>, StoreError>> {
+    ) -> BoxFuture<'a, Result<Option<HookPayload>, StoreError>> {
         Box::pin(async move {
-            let payload: Option<String> =
-                sqlx::query_scalar("SELECT payload FROM hook_payloads WHERE run_id = ? AND position = ? AND seq = ?")
-                    .bind(run_id.as_str())
-                    .bind(i64::from(position))
-                    .bind(i64::try_from(index).unwrap_or(i64::MAX))
-                    .fetch_optional(&self.reader)
-                    .await
-                    .map_err(db)?;
-            payload.as_deref().map(parse_json).transpose()
+            let row = sqlx::query(
+                "SELECT payload, received_at FROM hook_payloads WHERE run_id = ? AND position = ? AND seq = ?",
+            )
+            .bind(run_id.as_str())
+            .bind(i64::from(position))
+            .bind(i64::try_from(index).unwrap_or(i64::MAX))
+            .fetch_optional(&self.reader)
+            .await
+            .map_err(db)?;
+            let Some(row) = row else {
+                return Ok(None);
+            };
+            Ok(Some(HookPayload {
+                value: parse_json(&get::<String>(&row, "payload")?)?,
+                received_at: get(&row, "received_at")?,
+            }))
         })
     }
 
@@ -704,23 +808,64 @@ impl Store for SqliteStore {
         })
     }
 
-    fn fire_wait<'a>(&'a self, fence: &'a Fence, position: u32) -> BoxFuture<'a, Result<(), StoreError>> {
+    fn resolve_wait<'a>(
+        &'a self,
+        fence: &'a Fence,
+        position: u32,
+        resolution: WaitResolution,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let now = now_ms();
             let mut tx = self.begin().await?;
             check_fence(&mut tx, fence).await?;
+            let (status, fired) = match resolution {
+                WaitResolution::Fired => ("fired", true),
+                WaitResolution::Cancelled => ("cancelled", false),
+            };
             let done = sqlx::query(
-                "UPDATE waits SET status = 'fired', fired_at = ? WHERE run_id = ? AND position = ? AND status = 'pending'",
+                "UPDATE waits SET status = ?, fired_at = ? WHERE run_id = ? AND position = ? AND status = 'pending'",
             )
-            .bind(now)
+            .bind(status)
+            .bind(fired.then_some(now))
             .bind(fence.run_id.as_str())
             .bind(i64::from(position))
             .execute(&mut *tx)
             .await
             .map_err(db)?;
             if done.rows_affected() == 1 {
-                append(&mut tx, &fence.run_id, EventKind::WaitCompleted, json!({ "position": position }), now).await?;
+                let payload = json!({ "position": position, "fired": fired });
+                append(&mut tx, &fence.run_id, EventKind::WaitCompleted, payload, now).await?;
             }
+            tx.commit().await.map_err(db)
+        })
+    }
+
+    fn record_step<'a>(
+        &'a self,
+        fence: &'a Fence,
+        position: u32,
+        name: &'a str,
+        result: &'a Value,
+    ) -> BoxFuture<'a, Result<(), StoreError>> {
+        Box::pin(async move {
+            let now = now_ms();
+            let mut tx = self.begin().await?;
+            check_fence(&mut tx, fence).await?;
+            sqlx::query(
+                "INSERT INTO steps (run_id, position, name, status, attempts, result, created_at, updated_at)
+                 VALUES (?, ?, ?, 'completed', 1, ?, ?, ?)",
+            )
+            .bind(fence.run_id.as_str())
+            .bind(i64::from(position))
+            .bind(name)
+            .bind(to_json(result))
+            .bind(now)
+            .bind(now)
+            .execute(&mut *tx)
+            .await
+            .map_err(db)?;
+            let payload = json!({ "position": position, "name": name, "attempt": 1, "result": result });
+            append(&mut tx, &fence.run_id, EventKind::StepCompleted, payload, now).await?;
             tx.commit().await.map_err(db)
         })
     }
@@ -788,6 +933,7 @@ impl Store for SqliteStore {
             .await
             .map_err(db)?;
             append(&mut tx, &fence.run_id, kind, payload, now).await?;
+            wake_parent(&mut tx, &fence.run_id).await?;
             tx.commit().await.map_err(db)
         })
     }
@@ -808,19 +954,26 @@ impl Store for SqliteStore {
             if status.is_terminal() {
                 return Ok(status);
             }
-            release_resources(&mut tx, id, now).await?;
-            sqlx::query(
-                "UPDATE runs SET status = 'cancelled', error = ?, completed_at = ?, wake_at = NULL,
-                     lease_owner = NULL, lease_expires_at = NULL
-                 WHERE id = ?",
+            cancel_one(&mut tx, id, reason, now).await?;
+            // Descendants that have not ended go with it, parents before children.
+            let descendants: Vec<String> = sqlx::query_scalar(
+                "WITH RECURSIVE tree(id, depth) AS (
+                     SELECT id, 1 FROM runs WHERE parent_run_id = ?1
+                     UNION ALL
+                     SELECT r.id, t.depth + 1 FROM runs r JOIN tree t ON r.parent_run_id = t.id
+                 )
+                 SELECT tree.id FROM tree JOIN runs ON runs.id = tree.id
+                 WHERE runs.status IN ('pending', 'running', 'waiting') ORDER BY tree.depth, tree.id",
             )
-            .bind(reason)
-            .bind(now)
             .bind(id.as_str())
-            .execute(&mut *tx)
+            .fetch_all(&mut *tx)
             .await
             .map_err(db)?;
-            append(&mut tx, id, EventKind::RunCancelled, json!({ "reason": reason }), now).await?;
+            let cascade = format!("parent run {id} was cancelled");
+            for child in descendants {
+                cancel_one(&mut tx, &RunId::from(child), &cascade, now).await?;
+            }
+            wake_parent(&mut tx, id).await?;
             tx.commit().await.map_err(db)?;
             Ok(RunStatus::Cancelled)
         })
@@ -877,15 +1030,7 @@ impl Store for SqliteStore {
             .map_err(db)?;
             append(&mut tx, &run_id, EventKind::HookReceived, json!({ "position": position, "index": index }), now)
                 .await?;
-            sqlx::query(
-                "UPDATE runs SET wake_requested = 1,
-                     status = CASE WHEN status = 'waiting' THEN 'pending' ELSE status END
-                 WHERE id = ?",
-            )
-            .bind(run_id.as_str())
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
+            wake_run(&mut tx, run_id.as_str()).await?;
             tx.commit().await.map_err(db)?;
             Ok(ResumeReceipt { run_id, index: index.unsigned_abs() })
         })
@@ -969,7 +1114,7 @@ mod tests {
         let store = SqliteStore::open(&url).await.unwrap();
         let versions: Vec<i64> =
             sqlx::query_scalar("SELECT version FROM schema_migrations").fetch_all(&store.writer).await.unwrap();
-        assert_eq!(versions, vec![1, 2]);
+        assert_eq!(versions, vec![1, 2, 3]);
         store.close().await;
         let _ = std::fs::remove_dir_all(dir);
     }
@@ -978,11 +1123,21 @@ mod tests {
     async fn memory_database_works_and_keeps_its_data() {
         let store = SqliteStore::open("sqlite::memory:").await.unwrap();
         let created = store
-            .create_run(NewRun { workflow: "w".into(), input: json!({"a": 1}), idempotency_key: Some("k".into()) })
+            .create_run(NewRun {
+                workflow: "w".into(),
+                input: json!({"a": 1}),
+                idempotency_key: Some("k".into()),
+                parent_run_id: None,
+            })
             .await
             .unwrap();
         let again = store
-            .create_run(NewRun { workflow: "w".into(), input: json!(null), idempotency_key: Some("k".into()) })
+            .create_run(NewRun {
+                workflow: "w".into(),
+                input: json!(null),
+                idempotency_key: Some("k".into()),
+                parent_run_id: None,
+            })
             .await
             .unwrap();
         assert!(created.created && !again.created);

@@ -15,6 +15,9 @@ use resumable_workflow::{
 };
 use serde_json::{Value, json};
 
+mod orchestration;
+pub use orchestration::*;
+
 /// A backend under test.
 pub trait Backend: Send + Sync {
     /// Opens the database `name` of this test; opening the same name again reaches the same data.
@@ -44,7 +47,12 @@ macro_rules! conformance_suite {
             expired_lease_is_taken_over_and_zombie_writes_are_fenced,
             store_fences_writes_by_lease_attempt,
             stream_of_100_read_from_0_and_from_50,
-            stream_read_live_across_hook_waits_without_duplicates
+            stream_read_live_across_hook_waits_without_duplicates,
+            race_of_hook_and_timer_is_won_by_the_earlier_and_recorded,
+            now_and_random_are_the_same_on_every_replay,
+            child_run_result_is_awaited_durably,
+            cancelling_a_parent_cancels_its_child,
+            list_runs_filters_and_pages_newest_first
         );
     };
     (@cases $backend:expr; $($case:ident),* $(,)?) => {
@@ -479,8 +487,10 @@ pub async fn expired_lease_is_taken_over_and_zombie_writes_are_fenced(backend: &
 
 pub async fn store_fences_writes_by_lease_attempt(backend: &impl Backend) {
     let store = backend.open("db").await;
-    let created =
-        store.create_run(NewRun { workflow: "w".into(), input: json!(1), idempotency_key: None }).await.unwrap();
+    let created = store
+        .create_run(NewRun { workflow: "w".into(), input: json!(1), idempotency_key: None, parent_run_id: None })
+        .await
+        .unwrap();
     let req = |owner: &str| ClaimRequest {
         owner: owner.into(),
         workflows: vec!["w".into()],
