@@ -31,17 +31,19 @@ pub enum EventKind {
     StepFailed,
     /// A step attempt failed and will be retried (payload: position, attempt, error, retry time).
     StepRetrying,
-    /// A hook was created (payload: position, token, metadata).
+    /// A hook was created (payload: position, metadata). Tokens are never logged: a token is the
+    /// capability to resume its hook.
     HookCreated,
-    /// A hook received a payload (payload: position, token, index).
+    /// A hook received a payload (payload: position, index).
     HookReceived,
-    /// A hook was disposed (payload: position, token).
+    /// A hook was disposed (payload: position).
     HookDisposed,
-    /// A hook could not be created because another run owns its token (payload: token, owner).
+    /// A hook could not be created because another run owns its token (payload: position, owner).
     HookConflict,
     /// A durable timer was created (payload: position, due time).
     WaitCreated,
-    /// A durable timer fired (payload: position).
+    /// A durable timer was resolved (payload: position, `fired`: true when it fired, false when
+    /// the hook it raced against won).
     WaitCompleted,
     /// The run appended an event to its stream (payload: position, index).
     StreamEmitted,

@@ -29,9 +29,16 @@ pub(crate) async fn run_worker(shared: Arc<Shared>, mut shutdown: watch::Receive
         woken.as_mut().enable();
         let delay = match shared.store.claim(&request).await {
             Ok(Some(run)) => {
+                let fence = run.fence.clone();
                 tokio::select! {
                     _ = execute(&shared, run) => {}
-                    _ = shutdown.changed() => return,
+                    _ = shutdown.changed() => {
+                        // Hand the run back for any engine to claim at once, instead of leaving it
+                        // to lease expiry; its interrupted step counts as a failed attempt.
+                        let _ = shared.store.suspend_run(&fence, Some(now_ms())).await;
+                        shared.executing.lock().unwrap_or_else(|p| p.into_inner()).remove(&fence.run_id);
+                        return;
+                    }
                 }
                 continue;
             }

@@ -725,7 +725,7 @@ impl Store for SqliteStore {
             .await
             .map_err(db)?;
             let creation = if inserted.rows_affected() == 1 {
-                let payload = json!({ "position": position, "token": token, "metadata": metadata });
+                let payload = json!({ "position": position, "metadata": metadata });
                 append(&mut tx, &fence.run_id, EventKind::HookCreated, payload, now).await?;
                 HookCreation::Created
             } else {
@@ -747,7 +747,7 @@ impl Store for SqliteStore {
                 .execute(&mut *tx)
                 .await
                 .map_err(db)?;
-                let payload = json!({ "position": position, "token": token, "owner_run_id": owner });
+                let payload = json!({ "position": position, "owner_run_id": owner });
                 append(&mut tx, &fence.run_id, EventKind::HookConflict, payload, now).await?;
                 HookCreation::Conflict { owner_run_id: RunId::from(owner) }
             };

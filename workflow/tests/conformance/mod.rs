@@ -48,6 +48,7 @@ macro_rules! conformance_suite {
             store_fences_writes_by_lease_attempt,
             stream_of_100_read_from_0_and_from_50,
             stream_read_live_across_hook_waits_without_duplicates,
+            shutdown_hands_in_flight_runs_back_at_once,
             race_of_hook_and_timer_is_won_by_the_earlier_and_recorded,
             now_and_random_are_the_same_on_every_replay,
             child_run_result_is_awaited_durably,
@@ -277,6 +278,9 @@ pub async fn hook_metadata_payloads_in_order_and_token_reuse(backend: &impl Back
     assert_eq!(engine.get_hook("order-42").await.unwrap(), None, "hook disposed when the run ended");
     assert_eq!(engine.resume_hook("order-42", json!(1)).await, Err(EngineError::HookNotFound));
     let kinds = assert_log(&engine, &id).await;
+    // The input names the token (this test's choice); nothing the engine writes does.
+    let log = format!("{:?}", &engine.events(&id).await.unwrap()[1..]);
+    assert!(!log.contains("order-42"), "a hook token is a capability and never logged: {log}");
     assert_eq!(count(&kinds, EventKind::HookReceived), 3);
     assert_eq!(count(&kinds, EventKind::HookDisposed), 1);
 
@@ -618,4 +622,42 @@ pub async fn stream_read_live_across_hook_waits_without_duplicates(backend: &imp
     let kinds = assert_log(&engine, &id).await;
     assert_eq!(count(&kinds, EventKind::StreamEmitted), 100);
     assert!(count(&kinds, EventKind::RunStarted) >= 3, "the run was replayed after each hook: {kinds:?}");
+}
+
+pub async fn shutdown_hands_in_flight_runs_back_at_once(backend: &impl Backend) {
+    let started = Arc::new(tokio::sync::Notify::new());
+    let engine_with = |store: Arc<dyn Store>, started: Arc<tokio::sync::Notify>| {
+        // A long lease: only a hand-back at shutdown lets the second engine in quickly.
+        Engine::builder(store)
+            .lease(Duration::from_secs(60))
+            .register("slow", move |ctx: WorkflowContext, _input: Value| {
+                let started = Arc::clone(&started);
+                async move {
+                    let attempt = ctx
+                        .step("slow", move |s| async move {
+                            if s.attempt == 1 {
+                                started.notify_one();
+                                tokio::time::sleep(Duration::from_secs(600)).await;
+                            }
+                            Ok(s.attempt)
+                        })
+                        .await?;
+                    Ok(json!(attempt))
+                }
+            })
+            .build()
+    };
+    let first = engine_with(backend.open("db").await, Arc::clone(&started));
+    let id = first.start("slow", json!(null), StartOptions::default()).await.unwrap();
+    started.notified().await;
+    first.shutdown().await;
+    let run = first.get_run(&id).await.unwrap();
+    assert_ne!(run.status, RunStatus::Running, "the lease was handed back: {run:?}");
+    drop(first);
+
+    let second = engine_with(backend.open("db").await, Arc::new(tokio::sync::Notify::new()));
+    let begun = Instant::now();
+    let run = second.wait_for(&id, Duration::from_secs(10)).await.unwrap();
+    assert_eq!(run.output, Some(json!(2)), "the interrupted attempt counts; attempt 2 completes: {run:?}");
+    assert!(begun.elapsed() < Duration::from_secs(10));
 }
