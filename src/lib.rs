@@ -36,6 +36,13 @@
 //! # }
 //! ```
 
+pub mod automation;
+pub mod continuations;
+pub mod db;
+pub mod orders;
+#[cfg(test)]
+mod testing;
+
 pub use resumable_host as host;
 pub use resumable_runner as runner;
 

@@ -24,7 +24,10 @@ mod runner;
 pub use continuation::{ContinuationCodec, Inspection, StoredCodec};
 pub use resumable_host as host;
 pub use runner::{ConfigError, DEFAULT_AUDIENCE, RunRequest, Runner, RunnerConfig};
-pub use store::{ClaimId, ContinuationStore, MemoryContinuationStore, StoreError, StoreFuture, StoredContinuation};
+pub use store::{
+    ClaimId, ContinuationStore, MemoryContinuationStore, StoreError, StoreFuture, StoredContinuation,
+    check_continuation_store,
+};
 
 /// Entry points for the fuzz targets in `fuzz/` (compiled only under `cargo fuzz`).
 #[cfg(fuzzing)]

@@ -204,41 +204,48 @@ impl ContinuationStore for MemoryContinuationStore {
     }
 }
 
+/// Checks the behaviour every [`ContinuationStore`] must have, panicking on the first
+/// difference: exclusive claims, consume and release only by the current claim, single use,
+/// expired claims taken over, expired records refused. For implementations' tests; it writes the
+/// keys `[7; 32]`, `[8; 32]` and `[9; 32]`.
+#[doc(hidden)]
+pub async fn check_continuation_store(store: &dyn ContinuationStore) {
+    let record = |ttl: Duration| StoredContinuation {
+        audience: "a".into(),
+        expires_at: SystemTime::now() + ttl,
+        state: vec![1, 2, 3],
+    };
+    let lease = Duration::from_secs(5);
+    let key = [7u8; 32];
+    store.set(key, record(Duration::from_secs(60))).await.unwrap();
+    assert_eq!(store.set(key, record(Duration::from_secs(60))).await, Err(StoreError::Duplicate));
+    assert_eq!(store.peek(key).await.unwrap().state, vec![1, 2, 3]);
+    assert_eq!(store.acquire(key, 1, lease).await.unwrap().state, vec![1, 2, 3]);
+    assert_eq!(store.acquire(key, 2, lease).await, Err(StoreError::Claimed));
+    assert_eq!(store.consume(key, 2).await, Err(StoreError::ClaimLost));
+    store.release(key, 1).await.unwrap();
+    store.acquire(key, 3, lease).await.unwrap();
+    store.consume(key, 3).await.unwrap();
+    assert_eq!(store.acquire(key, 4, lease).await, Err(StoreError::Consumed));
+    assert_eq!(store.peek(key).await, Err(StoreError::Consumed));
+    assert_eq!(store.acquire([0; 32], 5, lease).await, Err(StoreError::NotFound));
+
+    let key = [9u8; 32];
+    store.set(key, record(Duration::from_secs(60))).await.unwrap();
+    store.acquire(key, 1, Duration::ZERO).await.unwrap();
+    store.acquire(key, 2, lease).await.unwrap();
+    assert_eq!(store.consume(key, 1).await, Err(StoreError::ClaimLost), "the old claimant lost it");
+    let old = [8u8; 32];
+    store.set(old, record(Duration::ZERO)).await.unwrap();
+    assert_eq!(store.acquire(old, 1, lease).await, Err(StoreError::Expired));
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn record(ttl: Duration) -> StoredContinuation {
-        StoredContinuation { audience: "a".into(), expires_at: SystemTime::now() + ttl, state: vec![1, 2, 3] }
-    }
-
     #[tokio::test]
-    async fn claim_consume_release_lifecycle() {
-        let store = MemoryContinuationStore::new();
-        let key = [7u8; 32];
-        store.set(key, record(Duration::from_secs(60))).await.unwrap();
-        assert_eq!(store.set(key, record(Duration::from_secs(60))).await, Err(StoreError::Duplicate));
-        assert_eq!(store.acquire(key, 1, Duration::from_secs(5)).await.unwrap().state, vec![1, 2, 3]);
-        assert_eq!(store.acquire(key, 2, Duration::from_secs(5)).await, Err(StoreError::Claimed));
-        assert_eq!(store.consume(key, 2).await, Err(StoreError::ClaimLost));
-        store.release(key, 1).await.unwrap();
-        store.acquire(key, 3, Duration::from_secs(5)).await.unwrap();
-        store.consume(key, 3).await.unwrap();
-        assert_eq!(store.acquire(key, 4, Duration::from_secs(5)).await, Err(StoreError::Consumed));
-        assert_eq!(store.peek(key).await, Err(StoreError::Consumed));
-        assert_eq!(store.acquire([0; 32], 5, Duration::from_secs(5)).await, Err(StoreError::NotFound));
-    }
-
-    #[tokio::test]
-    async fn expired_claims_can_be_taken_over_and_expired_records_refused() {
-        let store = MemoryContinuationStore::new();
-        let key = [9u8; 32];
-        store.set(key, record(Duration::from_secs(60))).await.unwrap();
-        store.acquire(key, 1, Duration::ZERO).await.unwrap();
-        store.acquire(key, 2, Duration::from_secs(5)).await.unwrap();
-        assert_eq!(store.consume(key, 1).await, Err(StoreError::ClaimLost), "the old claimant lost it");
-        let old = [8u8; 32];
-        store.set(old, record(Duration::ZERO)).await.unwrap();
-        assert_eq!(store.acquire(old, 1, Duration::from_secs(5)).await, Err(StoreError::Expired));
+    async fn memory_store_behaves_like_every_store() {
+        check_continuation_store(&MemoryContinuationStore::new()).await;
     }
 }

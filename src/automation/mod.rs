@@ -1,0 +1,268 @@
+//! Approval-gated automations: scripts that act on a tenant's data through host functions and
+//! stop for a human decision before any effect that needs one, durably.
+//!
+//! An automation is a run of the built-in workflow [`WORKFLOW`]. Each *round* runs the script
+//! (first from the top, then resumed from the previous round's continuation with the decisions)
+//! as a memoized step. When a round is interrupted, the automation emits `approval_requested`,
+//! creates a hook whose metadata names the tenant, the automation, the round and the pending
+//! requests, and waits, holding no memory, for a [`DecisionBatch`] that decides every pending
+//! request exactly once. Continuations use the runner's stored codec on the application
+//! database, so each is resumed once; effects in host functions use the call's idempotency key.
+//!
+//! The automation's stream carries `approval_requested`, `decided`, `completed` and `failed`
+//! events (each a JSON object with a `type`).
+
+mod decision;
+mod token;
+mod view;
+mod workflow;
+
+use std::sync::Arc;
+
+use resumable_runner::{Runner, RunnerConfig, StoredCodec};
+use resumable_workflow::{
+    Engine, EngineBuilder, EngineError, RunFilter, RunId, RunStatus, StartOptions, Store, StreamReader,
+};
+use serde_json::Value;
+
+pub use decision::{Decision, DecisionBatch, InvalidDecisions, MAX_REASON_CHARS};
+pub use token::HookTokens;
+pub use view::{AutomationError, AutomationView, PendingApproval};
+pub use workflow::{AutomationInput, HostProvider, PendingRequest, WORKFLOW};
+
+use crate::continuations::SqlContinuationStore;
+use crate::db::AppDb;
+use view::EventLog;
+use workflow::{Deps, run_automation};
+
+/// The default policy version bound into continuations.
+pub const DEFAULT_POLICY_VERSION: &str = "1";
+
+/// Builds [`Automations`].
+pub struct AutomationsBuilder {
+    store: Arc<dyn Store>,
+    db: AppDb,
+    secret: Vec<u8>,
+    host: HostProvider,
+    runner: RunnerConfig,
+    engine: Option<Box<dyn FnOnce(EngineBuilder) -> EngineBuilder + Send>>,
+    max_rounds: u32,
+    policy_version: String,
+}
+
+impl AutomationsBuilder {
+    /// The host functions of each tenant's scripts (none by default).
+    pub fn host(mut self, host: impl Fn(&str) -> resumable_host::HostFunctions + Send + Sync + 'static) -> Self {
+        self.host = Arc::new(host);
+        self
+    }
+
+    /// The runner's configuration (its codec is replaced by the stored codec on the database).
+    pub fn runner(mut self, config: RunnerConfig) -> Self {
+        self.runner = config;
+        self
+    }
+
+    /// Adjusts the workflow engine (workers, lease, poll interval, more workflows).
+    pub fn engine(mut self, configure: impl FnOnce(EngineBuilder) -> EngineBuilder + Send + 'static) -> Self {
+        self.engine = Some(Box::new(configure));
+        self
+    }
+
+    /// How many rounds of approvals one automation may ask for (100 by default).
+    pub fn max_rounds(mut self, rounds: u32) -> Self {
+        self.max_rounds = rounds.max(1);
+        self
+    }
+
+    /// The policy version bound into the continuations' scope.
+    pub fn policy_version(mut self, version: impl Into<String>) -> Self {
+        self.policy_version = version.into();
+        self
+    }
+
+    /// Starts the engine (on the current Tokio runtime) with the automation workflow registered.
+    pub fn build(self) -> Result<Automations, AutomationError> {
+        if self.secret.len() < 32 {
+            return Err(AutomationError::Config("the secret must have at least 32 bytes".into()));
+        }
+        let continuations = SqlContinuationStore::new(self.db.clone());
+        let codec = StoredCodec::new(Arc::new(continuations.clone()));
+        let runner = Runner::new(self.runner.codec(codec)).map_err(|e| AutomationError::Config(e.to_string()))?;
+        let tokens = HookTokens::new(&self.secret);
+        let deps = Arc::new(Deps {
+            runner,
+            continuations,
+            host: self.host,
+            tokens: tokens.clone(),
+            max_rounds: self.max_rounds,
+        });
+        let mut builder = Engine::builder(self.store).register(WORKFLOW, move |ctx, input| {
+            let deps = Arc::clone(&deps);
+            async move { run_automation(deps, ctx, input).await }
+        });
+        if let Some(configure) = self.engine {
+            builder = configure(builder);
+        }
+        Ok(Automations { engine: builder.build(), tokens, policy_version: self.policy_version })
+    }
+}
+
+/// The automation service: submit scripts, list and decide approvals, follow events.
+#[derive(Clone, Debug)]
+pub struct Automations {
+    engine: Engine,
+    tokens: HookTokens,
+    policy_version: String,
+}
+
+impl Automations {
+    /// Starts building the service on a workflow `store` and the application database `db`
+    /// (usually the same database), with the `secret` that hook tokens derive from.
+    pub fn builder(store: Arc<dyn Store>, db: AppDb, secret: &[u8]) -> AutomationsBuilder {
+        AutomationsBuilder {
+            store,
+            db,
+            secret: secret.to_vec(),
+            host: Arc::new(|_| resumable_host::HostFunctions::empty()),
+            runner: RunnerConfig::new(),
+            engine: None,
+            max_rounds: 100,
+            policy_version: DEFAULT_POLICY_VERSION.to_owned(),
+        }
+    }
+
+    /// The workflow engine underneath.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// Submits a script for `tenant`; returns the automation's id at once (it runs in the
+    /// background). With an idempotency key, a repeated submission returns the first one's id.
+    pub async fn submit(
+        &self,
+        tenant: &str,
+        source: &str,
+        context: Value,
+        submitted_by: &str,
+        idempotency_key: Option<String>,
+    ) -> Result<RunId, AutomationError> {
+        let input = AutomationInput {
+            tenant: tenant.to_owned(),
+            source: source.to_owned(),
+            context,
+            policy_version: self.policy_version.clone(),
+            submitted_by: submitted_by.to_owned(),
+        };
+        let input = serde_json::to_value(&input).map_err(|e| AutomationError::Internal(e.to_string()))?;
+        let options = StartOptions { idempotency_key: idempotency_key.map(|k| format!("{tenant}:{k}")) };
+        Ok(self.engine.start(WORKFLOW, input, options).await?)
+    }
+
+    /// The automation `id` of `tenant`; [`AutomationError::NotFound`] for another tenant's.
+    pub async fn get(&self, tenant: &str, id: &RunId) -> Result<AutomationView, AutomationError> {
+        let run = self.engine.get_run(id).await.map_err(not_found)?;
+        let input: AutomationInput = match (run.workflow.as_str(), serde_json::from_value(run.input.clone())) {
+            (WORKFLOW, Ok(input)) => input,
+            _ => return Err(AutomationError::NotFound),
+        };
+        if input.tenant != tenant {
+            return Err(AutomationError::NotFound);
+        }
+        let log = EventLog::read(&self.engine, id).await?;
+        let pending = match log.open_round() {
+            Some((round, requests)) if !run.status.is_terminal() => {
+                let hook = self.engine.get_hook(&self.tokens.for_round(id.as_str(), round)).await?;
+                hook.filter(|h| h.received == 0).map(|h| PendingApproval {
+                    automation_id: id.clone(),
+                    round,
+                    requests,
+                    requested_at: h.created_at,
+                })
+            }
+            _ => None,
+        };
+        Ok(AutomationView::new(run, input, log.rounds().0, pending, log.result()))
+    }
+
+    /// The pending approvals of `tenant`, oldest first (at most `limit`).
+    pub async fn pending_approvals(&self, tenant: &str, limit: usize) -> Result<Vec<PendingApproval>, AutomationError> {
+        let mut approvals = Vec::new();
+        let mut filter = RunFilter::default().workflow(WORKFLOW).status(RunStatus::Waiting).limit(RunFilter::MAX_LIMIT);
+        loop {
+            let page = self.engine.list_runs(&filter).await?;
+            for run in &page.runs {
+                if run.input.get("tenant").and_then(Value::as_str) != Some(tenant) {
+                    continue;
+                }
+                if let Ok(view) = self.get(tenant, &run.id).await {
+                    approvals.extend(view.pending);
+                }
+            }
+            match page.next_cursor {
+                Some(cursor) if approvals.len() < limit => filter.cursor = Some(cursor),
+                _ => break,
+            }
+        }
+        approvals.sort_by_key(|a| a.requested_at);
+        approvals.truncate(limit);
+        Ok(approvals)
+    }
+
+    /// Delivers a decision batch for the open round of automation `id`, after checking that the
+    /// hook's metadata names `tenant` and this automation and that the batch decides every
+    /// pending request exactly once. Of concurrent deliveries exactly one is applied; the others
+    /// get [`AutomationError::AlreadyDecided`].
+    pub async fn decide(&self, tenant: &str, id: &RunId, batch: DecisionBatch) -> Result<u32, AutomationError> {
+        let view = self.get(tenant, id).await?;
+        if view.status.is_terminal() {
+            return Err(AutomationError::Ended(view.status));
+        }
+        let log = EventLog::read(&self.engine, id).await?;
+        let round = match log.open_round() {
+            Some((round, _)) => round,
+            None if log.rounds().1 => return Err(AutomationError::AlreadyDecided),
+            None => return Err(AutomationError::NotWaiting),
+        };
+        let token = self.tokens.for_round(id.as_str(), round);
+        let hook = match self.engine.get_hook(&token).await? {
+            Some(hook) if hook.received == 0 => hook,
+            _ => return Err(AutomationError::AlreadyDecided),
+        };
+        let expected = (Some(tenant), Some(id.as_str()));
+        let named = (hook.metadata["tenant"].as_str(), hook.metadata["automation"].as_str());
+        if named != expected || hook.run_id != *id {
+            return Err(AutomationError::NotFound);
+        }
+        let pending: Vec<PendingRequest> = serde_json::from_value(hook.metadata["pending"].clone())
+            .map_err(|e| AutomationError::Internal(format!("hook metadata: {e}")))?;
+        batch.validate(pending.iter().map(|p| p.interruption_id.as_str())).map_err(AutomationError::Invalid)?;
+        match self.engine.resume_hook(&token, batch.to_value()).await {
+            Ok(receipt) if receipt.index == 0 => Ok(round),
+            Ok(_) | Err(EngineError::HookNotFound) => Err(AutomationError::AlreadyDecided),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    /// Cancels automation `id` of `tenant`; returns its status afterwards.
+    pub async fn cancel(&self, tenant: &str, id: &RunId) -> Result<RunStatus, AutomationError> {
+        let view = self.get(tenant, id).await?;
+        if view.status.is_terminal() {
+            return Err(AutomationError::Ended(view.status));
+        }
+        Ok(self.engine.cancel(id).await?)
+    }
+
+    /// The events of automation `id` of `tenant` from index `from`, live until it ends.
+    pub async fn events(&self, tenant: &str, id: &RunId, from: u64) -> Result<StreamReader, AutomationError> {
+        self.get(tenant, id).await?;
+        Ok(self.engine.read_stream(id, from).await?)
+    }
+}
+
+fn not_found(e: EngineError) -> AutomationError {
+    match e {
+        EngineError::RunNotFound(_) => AutomationError::NotFound,
+        other => other.into(),
+    }
+}

@@ -1,0 +1,219 @@
+//! What the service reports about automations, and its errors.
+
+use std::fmt;
+use std::time::SystemTime;
+
+use resumable_workflow::{Engine, EngineError, RunId, RunInfo, RunStatus};
+use serde::Serialize;
+use serde_json::{Value, json};
+
+use super::decision::InvalidDecisions;
+use super::workflow::{AutomationInput, PendingRequest};
+
+/// The most stream events read to summarize one automation.
+const MAX_SUMMARY_EVENTS: u32 = 10_000;
+
+/// A round waiting for its decision batch.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingApproval {
+    /// The automation.
+    pub automation_id: RunId,
+    /// The round (1 for the first approval the script asked for).
+    pub round: u32,
+    /// What the script asked for; decide every one.
+    pub requests: Vec<PendingRequest>,
+    /// When the approval was requested.
+    #[serde(serialize_with = "serialize_time")]
+    pub requested_at: SystemTime,
+}
+
+fn serialize_time<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
+    s.serialize_u64(t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64))
+}
+
+/// One automation as its tenant sees it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct AutomationView {
+    /// Its id.
+    pub id: RunId,
+    /// Its tenant.
+    pub tenant: String,
+    /// Who submitted it.
+    pub submitted_by: String,
+    /// Its status.
+    pub status: RunStatus,
+    /// The script's return value, once completed.
+    pub result: Option<Value>,
+    /// `{code, message}`, once failed or cancelled.
+    pub error: Option<Value>,
+    /// Rounds that asked for approval so far.
+    pub rounds: u32,
+    /// The open approval, if one waits for a decision.
+    pub pending: Option<PendingApproval>,
+    /// When it was submitted, last changed and ended.
+    pub created_at: SystemTime,
+    /// When it last changed.
+    pub updated_at: SystemTime,
+    /// When it ended.
+    pub completed_at: Option<SystemTime>,
+}
+
+impl AutomationView {
+    pub(crate) fn new(
+        run: RunInfo,
+        input: AutomationInput,
+        rounds: u32,
+        pending: Option<PendingApproval>,
+        result: Option<Value>,
+    ) -> AutomationView {
+        let error = match run.status {
+            RunStatus::Failed => Some(error_json(run.error.as_deref().unwrap_or_default())),
+            RunStatus::Cancelled => Some(json!({ "code": "AUTOMATION_CANCELLED", "message": run.error })),
+            _ => None,
+        };
+        AutomationView {
+            id: run.id,
+            tenant: input.tenant,
+            submitted_by: input.submitted_by,
+            status: run.status,
+            result: if run.status == RunStatus::Completed { result } else { None },
+            error,
+            rounds,
+            pending,
+            created_at: run.created_at,
+            updated_at: run.updated_at,
+            completed_at: run.completed_at,
+        }
+    }
+
+    /// The view as the API's JSON.
+    pub fn to_json(&self) -> Value {
+        let ms = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        json!({
+            "id": self.id,
+            "tenant": self.tenant,
+            "submittedBy": self.submitted_by,
+            "status": self.status,
+            "result": self.result,
+            "error": self.error,
+            "rounds": self.rounds,
+            "pendingApproval": self.pending,
+            "createdAt": ms(self.created_at),
+            "updatedAt": ms(self.updated_at),
+            "completedAt": self.completed_at.map(ms),
+        })
+    }
+}
+
+/// Splits a failed automation's `CODE: message` error text.
+pub(crate) fn error_of(error: &str) -> (String, String) {
+    match error.split_once(": ") {
+        Some((code, message))
+            if !code.is_empty() && code.chars().all(|c| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_') =>
+        {
+            (code.to_owned(), message.to_owned())
+        }
+        _ => ("AUTOMATION_FAILED".to_owned(), error.to_owned()),
+    }
+}
+
+fn error_json(error: &str) -> Value {
+    let (code, message) = error_of(error);
+    json!({ "code": code, "message": message })
+}
+
+/// The automation's stream, summarized.
+pub(crate) struct EventLog {
+    events: Vec<Value>,
+}
+
+impl EventLog {
+    pub(crate) async fn read(engine: &Engine, id: &RunId) -> Result<EventLog, AutomationError> {
+        let events = engine.store().read_stream(id, 0, MAX_SUMMARY_EVENTS).await.map_err(EngineError::from)?;
+        Ok(EventLog { events: events.into_iter().map(|(_, e)| e).collect() })
+    }
+
+    fn of_type<'a>(&'a self, kind: &'a str) -> impl DoubleEndedIterator<Item = &'a Value> + 'a {
+        self.events.iter().filter(move |e| e["type"] == kind)
+    }
+
+    /// (rounds that asked for approval, whether the last of them was decided).
+    pub(crate) fn rounds(&self) -> (u32, bool) {
+        let last = self.of_type("approval_requested").last().and_then(|e| e["round"].as_u64()).unwrap_or(0);
+        let decided = self.of_type("decided").any(|e| e["round"].as_u64() == Some(last));
+        (u32::try_from(last).unwrap_or(u32::MAX), decided)
+    }
+
+    /// The last round that asked for approval and was not decided yet, with its requests.
+    pub(crate) fn open_round(&self) -> Option<(u32, Vec<PendingRequest>)> {
+        let (round, decided) = self.rounds();
+        if round == 0 || decided {
+            return None;
+        }
+        let event = self.of_type("approval_requested").last()?;
+        let requests = serde_json::from_value(event["pending"].clone()).ok()?;
+        Some((round, requests))
+    }
+
+    /// The value of the `completed` event, if any.
+    pub(crate) fn result(&self) -> Option<Value> {
+        self.of_type("completed").last().map(|e| e["value"].clone())
+    }
+}
+
+/// An error of the automation service. Each maps to one HTTP status.
+#[derive(Clone, Debug, PartialEq)]
+pub enum AutomationError {
+    /// No automation with this id for this tenant.
+    NotFound,
+    /// The automation has ended (with this status).
+    Ended(RunStatus),
+    /// The round was decided already (or a concurrent decision won).
+    AlreadyDecided,
+    /// The automation is not waiting for a decision.
+    NotWaiting,
+    /// The decision batch does not fit the pending requests.
+    Invalid(InvalidDecisions),
+    /// The service is misconfigured.
+    Config(String),
+    /// The engine or the database failed.
+    Internal(String),
+}
+
+impl fmt::Display for AutomationError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            AutomationError::NotFound => f.write_str("no such automation"),
+            AutomationError::Ended(status) => write!(f, "the automation has ended ({status})"),
+            AutomationError::AlreadyDecided => f.write_str("this approval was decided already"),
+            AutomationError::NotWaiting => f.write_str("the automation is not waiting for a decision"),
+            AutomationError::Invalid(e) => write!(f, "invalid decisions: {e}"),
+            AutomationError::Config(m) => write!(f, "configuration error: {m}"),
+            AutomationError::Internal(m) => write!(f, "internal error: {m}"),
+        }
+    }
+}
+
+impl std::error::Error for AutomationError {}
+
+impl From<EngineError> for AutomationError {
+    fn from(e: EngineError) -> AutomationError {
+        match e {
+            EngineError::RunNotFound(_) => AutomationError::NotFound,
+            other => AutomationError::Internal(other.to_string()),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn error_codes_are_split_from_messages() {
+        assert_eq!(error_of("RUN_TIMEOUT: too slow"), ("RUN_TIMEOUT".into(), "too slow".into()));
+        assert_eq!(error_of("something: else"), ("AUTOMATION_FAILED".into(), "something: else".into()));
+        assert_eq!(error_of("plain"), ("AUTOMATION_FAILED".into(), "plain".into()));
+    }
+}

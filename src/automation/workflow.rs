@@ -1,0 +1,182 @@
+//! The built-in automation workflow: rounds of the script, each a step; between rounds a hook
+//! waits for the decision batch on the round's pending requests.
+
+use std::sync::Arc;
+
+use resumable_runner::{Outcome, RunError, RunRequest, Runner};
+use resumable_workflow::{StepContext, StepError, WorkflowContext, WorkflowError};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::decision::DecisionBatch;
+use super::token::HookTokens;
+use crate::continuations::SqlContinuationStore;
+use resumable_host::HostFunctions;
+
+/// The name the automation workflow is registered under.
+pub const WORKFLOW: &str = "resumable.automation";
+
+/// The audience of automation continuations.
+pub(crate) const AUDIENCE: &str = "resumable-automation";
+
+/// Builds the host functions a tenant's scripts may call.
+pub type HostProvider = Arc<dyn Fn(&str) -> HostFunctions + Send + Sync>;
+
+/// What an automation is started with (the workflow's input).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct AutomationInput {
+    /// The tenant whose data the script acts on.
+    pub tenant: String,
+    /// The script: a function body.
+    pub source: String,
+    /// JSON the script can read as `context`... bound into the continuation's scope.
+    #[serde(default)]
+    pub context: Value,
+    /// The policy version the automation runs under (part of the continuation's scope).
+    pub policy_version: String,
+    /// Who submitted it.
+    #[serde(default)]
+    pub submitted_by: String,
+}
+
+/// A pending request of a round, as approvers see it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingRequest {
+    /// The interruption to decide.
+    pub interruption_id: String,
+    /// The host function that asked.
+    pub function: String,
+    /// What it asked for (for a refund: `{kind, orderId, amount}`).
+    pub request: Value,
+}
+
+/// How one round of the script ended, as recorded by its step.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "status", rename_all = "snake_case")]
+enum RoundResult {
+    Completed { value: Value, console: Vec<Value> },
+    Interrupted { continuation: String, pending: Vec<PendingRequest>, console: Vec<Value> },
+    Failed { code: String, message: String, console: Vec<Value> },
+}
+
+/// What the automation workflow needs.
+pub(crate) struct Deps {
+    pub(crate) runner: Runner,
+    pub(crate) continuations: SqlContinuationStore,
+    pub(crate) host: HostProvider,
+    pub(crate) tokens: HookTokens,
+    pub(crate) max_rounds: u32,
+}
+
+fn console_json(outcome_console: &[resumable_runner::ConsoleLine]) -> Vec<Value> {
+    outcome_console.iter().map(|l| json!({ "level": l.level, "text": l.text })).collect()
+}
+
+/// `CODE: message`, the error text of a failed automation (the API splits it again).
+pub(crate) fn error_text(code: &str, message: &str) -> String {
+    format!("{code}: {message}")
+}
+
+impl Deps {
+    /// Runs one round: the first run of the script, or its resumption with the decisions.
+    async fn round(
+        &self,
+        input: &AutomationInput,
+        automation_id: &str,
+        resume: Option<(String, DecisionBatch)>,
+        step: StepContext,
+    ) -> Result<RoundResult, StepError> {
+        let mut request = RunRequest::new(input.source.as_str())
+            .host((self.host)(&input.tenant))
+            .context(json!({ "tenant": input.tenant, "policyVersion": input.policy_version, "context": input.context }))
+            .audience(AUDIENCE)
+            .logical_run_id(automation_id);
+        if let Some((token, batch)) = resume {
+            if step.attempt > 1 {
+                // An earlier attempt may have consumed the token and crashed before recording.
+                self.continuations.reopen(&token).await.map_err(|e| StepError::retryable(e.to_string()))?;
+            }
+            request = request.resume(token, batch.resolutions());
+        }
+        match self.runner.run(request).await {
+            Ok(Outcome::Completed(c)) => {
+                Ok(RoundResult::Completed { console: console_json(&c.console), value: c.value })
+            }
+            Ok(Outcome::Interrupted(s)) => Ok(RoundResult::Interrupted {
+                pending: s
+                    .interruptions
+                    .iter()
+                    .map(|i| PendingRequest {
+                        interruption_id: i.id.clone(),
+                        function: i.function.clone(),
+                        request: i.payload.clone(),
+                    })
+                    .collect(),
+                console: console_json(&s.console),
+                continuation: s.continuation,
+            }),
+            Err(e) if e.retryable => Err(StepError::retryable(error_text(e.code.as_str(), &e.message))),
+            Err(RunError { code, message, console, .. }) => {
+                Ok(RoundResult::Failed { code: code.as_str().to_owned(), message, console: console_json(&console) })
+            }
+        }
+    }
+}
+
+/// The automation workflow.
+pub(crate) async fn run_automation(
+    deps: Arc<Deps>,
+    ctx: WorkflowContext,
+    input: Value,
+) -> Result<Value, WorkflowError> {
+    let input: AutomationInput = serde_json::from_value(input)?;
+    let id = ctx.run_id().to_string();
+    let mut resume: Option<(String, DecisionBatch)> = None;
+    for round in 1..=deps.max_rounds {
+        let result = {
+            let (deps, input, id, resume) = (Arc::clone(&deps), input.clone(), id.clone(), resume.take());
+            ctx.step("round", move |s| async move { deps.round(&input, &id, resume, s).await }).await?
+        };
+        match result {
+            RoundResult::Completed { value, console } => {
+                ctx.emit(&json!({ "type": "completed", "round": round, "value": value, "console": console })).await?;
+                return Ok(json!({ "value": value, "rounds": round }));
+            }
+            RoundResult::Failed { code, message, console } => {
+                let event =
+                    json!({ "type": "failed", "round": round, "code": code, "message": message, "console": console });
+                ctx.emit(&event).await?;
+                return Err(WorkflowError::msg(error_text(&code, &message)));
+            }
+            RoundResult::Interrupted { continuation, pending, console } => {
+                let event =
+                    json!({ "type": "approval_requested", "round": round, "pending": pending, "console": console });
+                ctx.emit(&event).await?;
+                let metadata = json!({
+                    "tenant": input.tenant,
+                    "automation": id,
+                    "round": round,
+                    "pending": pending,
+                });
+                let hook = ctx.hook(&deps.tokens.for_round(&id, round), metadata).await?;
+                let ids: Vec<&str> = pending.iter().map(|p| p.interruption_id.as_str()).collect();
+                // The server validates before delivering; anything else arriving here is skipped.
+                let batch = loop {
+                    let payload = hook.next().await?;
+                    match serde_json::from_value::<DecisionBatch>(payload) {
+                        Ok(batch) if batch.validate(ids.iter().copied()).is_ok() => break batch,
+                        _ => continue,
+                    }
+                };
+                let event =
+                    json!({ "type": "decided", "round": round, "actor": batch.actor, "decisions": batch.decisions });
+                ctx.emit(&event).await?;
+                resume = Some((continuation, batch));
+            }
+        }
+    }
+    let message = format!("the automation asked for approval more than {} times", deps.max_rounds);
+    ctx.emit(&json!({ "type": "failed", "code": "AUTOMATION_TOO_MANY_ROUNDS", "message": message })).await?;
+    Err(WorkflowError::msg(error_text("AUTOMATION_TOO_MANY_ROUNDS", &message)))
+}

@@ -1,0 +1,223 @@
+//! Single-use continuations kept in the application database (SQLite or PostgreSQL), for the
+//! runner's stored codec: a token is a random key and resumes at most once.
+
+use std::time::Duration;
+
+use base64::Engine as _;
+use base64::engine::general_purpose::URL_SAFE_NO_PAD;
+use resumable_runner::{ClaimId, ContinuationStore, StoreError, StoreFuture, StoredContinuation};
+use sqlx::Row;
+use sqlx::any::AnyRow;
+
+use crate::db::{AppDb, DbError, from_ms, now_ms, to_ms};
+
+/// A [`ContinuationStore`] on the application database. Every operation is one atomic statement
+/// whose conditions decide (a claim is exclusive while unexpired; only the current claim consumes
+/// or releases); nothing is checked first and written after.
+#[derive(Clone, Debug)]
+pub struct SqlContinuationStore {
+    db: AppDb,
+}
+
+fn backend(e: impl Into<DbError>) -> StoreError {
+    StoreError::Backend(e.into().0)
+}
+
+fn claim_text(claim: ClaimId) -> String {
+    format!("{claim:032x}")
+}
+
+fn record(row: &AnyRow) -> Result<StoredContinuation, StoreError> {
+    Ok(StoredContinuation {
+        audience: row.try_get("audience").map_err(backend)?,
+        expires_at: from_ms(row.try_get("expires_at").map_err(backend)?),
+        state: row.try_get("state").map_err(backend)?,
+    })
+}
+
+impl SqlContinuationStore {
+    /// A store on `db` (whose migrations created the table).
+    pub fn new(db: AppDb) -> SqlContinuationStore {
+        SqlContinuationStore { db }
+    }
+
+    /// Makes a consumed continuation resumable again, for the server-side owner of a token whose
+    /// resume was interrupted by a crash before its outcome was recorded (the token never left
+    /// the server, so no one else can have used it). Returns whether it was reopened.
+    pub async fn reopen(&self, token: &str) -> Result<bool, StoreError> {
+        let Some(key) = URL_SAFE_NO_PAD.decode(token).ok().filter(|k| k.len() == 32) else {
+            return Err(StoreError::NotFound);
+        };
+        let done = sqlx::query(
+            "UPDATE continuations SET status = 'available', claim = NULL, claim_until = NULL
+             WHERE key = $1 AND status = 'consumed' AND expires_at > $2",
+        )
+        .bind(key)
+        .bind(now_ms())
+        .execute(self.db.pool())
+        .await
+        .map_err(backend)?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    /// Deletes continuations that expired before `now - grace`; returns how many.
+    pub async fn purge_expired(&self, grace: Duration) -> Result<u64, StoreError> {
+        let cutoff = now_ms().saturating_sub(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX));
+        let done = sqlx::query("DELETE FROM continuations WHERE expires_at < $1")
+            .bind(cutoff)
+            .execute(self.db.pool())
+            .await
+            .map_err(backend)?;
+        Ok(done.rows_affected())
+    }
+
+    /// Why `key` could not be acquired, consumed or released: the row's current state.
+    async fn diagnose(&self, key: &[u8; 32], claim: Option<ClaimId>) -> StoreError {
+        let row = sqlx::query("SELECT status, claim, claim_until, expires_at FROM continuations WHERE key = $1")
+            .bind(key.to_vec())
+            .fetch_optional(self.db.pool())
+            .await;
+        let row = match row {
+            Ok(Some(row)) => row,
+            Ok(None) => return StoreError::NotFound,
+            Err(e) => return backend(e),
+        };
+        let status: String = row.try_get("status").unwrap_or_default();
+        let holder: Option<String> = row.try_get("claim").unwrap_or_default();
+        let until: Option<i64> = row.try_get("claim_until").unwrap_or_default();
+        let expires_at: i64 = row.try_get("expires_at").unwrap_or_default();
+        let now = now_ms();
+        match (status.as_str(), claim) {
+            ("consumed", _) => StoreError::Consumed,
+            (_, None) if expires_at <= now => StoreError::Expired,
+            ("claimed", None) if until.is_some_and(|u| u > now) => StoreError::Claimed,
+            (_, Some(c)) if holder != Some(claim_text(c)) => StoreError::ClaimLost,
+            _ => StoreError::Backend(format!("continuation in unexpected state {status:?}")),
+        }
+    }
+}
+
+impl ContinuationStore for SqlContinuationStore {
+    fn set(&self, key: [u8; 32], record: StoredContinuation) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let done = sqlx::query(
+                "INSERT INTO continuations (key, audience, expires_at, state, status, created_at)
+                 VALUES ($1, $2, $3, $4, 'available', $5) ON CONFLICT (key) DO NOTHING",
+            )
+            .bind(key.to_vec())
+            .bind(record.audience)
+            .bind(to_ms(record.expires_at))
+            .bind(record.state)
+            .bind(now_ms())
+            .execute(self.db.pool())
+            .await
+            .map_err(backend)?;
+            if done.rows_affected() == 1 { Ok(()) } else { Err(StoreError::Duplicate) }
+        })
+    }
+
+    fn acquire(&self, key: [u8; 32], claim: ClaimId, lease: Duration) -> StoreFuture<'_, StoredContinuation> {
+        Box::pin(async move {
+            let now = now_ms();
+            let until = now.saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
+            let row = sqlx::query(
+                "UPDATE continuations SET status = 'claimed', claim = $1, claim_until = $2
+                 WHERE key = $3 AND expires_at > $4
+                   AND (status = 'available' OR (status = 'claimed' AND claim_until <= $4))
+                 RETURNING audience, expires_at, state",
+            )
+            .bind(claim_text(claim))
+            .bind(until)
+            .bind(key.to_vec())
+            .bind(now)
+            .fetch_optional(self.db.pool())
+            .await
+            .map_err(backend)?;
+            match row {
+                Some(row) => record(&row),
+                None => Err(self.diagnose(&key, None).await),
+            }
+        })
+    }
+
+    fn consume(&self, key: [u8; 32], claim: ClaimId) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let done = sqlx::query(
+                "UPDATE continuations SET status = 'consumed', claim_until = NULL
+                 WHERE key = $1 AND status = 'claimed' AND claim = $2",
+            )
+            .bind(key.to_vec())
+            .bind(claim_text(claim))
+            .execute(self.db.pool())
+            .await
+            .map_err(backend)?;
+            if done.rows_affected() == 1 { Ok(()) } else { Err(self.diagnose(&key, Some(claim)).await) }
+        })
+    }
+
+    fn release(&self, key: [u8; 32], claim: ClaimId) -> StoreFuture<'_, ()> {
+        Box::pin(async move {
+            let done = sqlx::query(
+                "UPDATE continuations SET status = 'available', claim = NULL, claim_until = NULL
+                 WHERE key = $1 AND status = 'claimed' AND claim = $2",
+            )
+            .bind(key.to_vec())
+            .bind(claim_text(claim))
+            .execute(self.db.pool())
+            .await
+            .map_err(backend)?;
+            if done.rows_affected() == 1 { Ok(()) } else { Err(self.diagnose(&key, Some(claim)).await) }
+        })
+    }
+
+    fn peek(&self, key: [u8; 32]) -> StoreFuture<'_, StoredContinuation> {
+        Box::pin(async move {
+            let row = sqlx::query(
+                "SELECT audience, expires_at, state FROM continuations
+                 WHERE key = $1 AND status <> 'consumed' AND expires_at > $2",
+            )
+            .bind(key.to_vec())
+            .bind(now_ms())
+            .fetch_optional(self.db.pool())
+            .await
+            .map_err(backend)?;
+            match row {
+                Some(row) => record(&row),
+                None => Err(self.diagnose(&key, None).await),
+            }
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::TempDb;
+
+    #[tokio::test]
+    async fn behaves_like_every_continuation_store() {
+        let db = TempDb::sqlite().await;
+        resumable_runner::check_continuation_store(&SqlContinuationStore::new(db.open().await)).await;
+    }
+
+    #[tokio::test]
+    async fn reopen_makes_a_consumed_token_resumable_once_more() {
+        let db = TempDb::sqlite().await;
+        let store = SqlContinuationStore::new(db.open().await);
+        let key = [5u8; 32];
+        let token = URL_SAFE_NO_PAD.encode(key);
+        let record = StoredContinuation {
+            audience: "a".into(),
+            expires_at: std::time::SystemTime::now() + Duration::from_secs(60),
+            state: vec![9],
+        };
+        store.set(key, record).await.unwrap();
+        assert!(!store.reopen(&token).await.unwrap(), "an unused token needs no reopening");
+        store.acquire(key, 1, Duration::from_secs(5)).await.unwrap();
+        store.consume(key, 1).await.unwrap();
+        assert_eq!(store.acquire(key, 2, Duration::from_secs(5)).await, Err(StoreError::Consumed));
+        assert!(store.reopen(&token).await.unwrap());
+        assert_eq!(store.acquire(key, 3, Duration::from_secs(5)).await.unwrap().state, vec![9]);
+        assert_eq!(store.reopen("not-a-token").await, Err(StoreError::NotFound));
+    }
+}

@@ -1,0 +1,207 @@
+//! The automation service as a library: scripts over the demo order system on SQLite, approved,
+//! rejected, in several rounds, across a restart, and decided concurrently.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use resumable::automation::{AutomationError, Automations, Decision, DecisionBatch};
+use resumable::db::AppDb;
+use resumable::orders::OrderBook;
+use resumable_workflow::{RunId, RunStatus, SqliteStore, Store};
+use serde_json::{Value, json};
+
+const SECRET: &[u8] = &[42; 32];
+const WAIT: Duration = Duration::from_secs(20);
+
+struct Service {
+    automations: Automations,
+    orders: OrderBook,
+}
+
+async fn service(dir: &std::path::Path) -> Service {
+    let url = format!("sqlite://{}", dir.join("service.db").display());
+    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&url).await.unwrap());
+    let db = AppDb::open(&url).await.unwrap();
+    let orders = OrderBook::new(db.clone());
+    orders.seed_demo().await.unwrap();
+    let host = orders.clone();
+    let automations = Automations::builder(store, db, SECRET)
+        .host(move |tenant| host.host_functions(tenant))
+        .engine(|e| e.workers(4))
+        .build()
+        .unwrap();
+    Service { automations, orders }
+}
+
+fn temp_dir() -> std::path::PathBuf {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).unwrap();
+    let name: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let dir = std::env::temp_dir().join(format!("resumable-automation-{name}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+async fn submit(s: &Service, source: &str) -> RunId {
+    s.automations.submit("acme", source, Value::Null, "tester", None).await.unwrap()
+}
+
+/// Waits until the automation waits for a decision (or has ended) and returns its view.
+async fn settled(s: &Service, id: &RunId) -> resumable::automation::AutomationView {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    loop {
+        let view = s.automations.get("acme", id).await.unwrap();
+        if view.pending.is_some() || view.status.is_terminal() {
+            return view;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "automation never settled: {view:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn decide_all(view: &resumable::automation::AutomationView, approved: bool) -> DecisionBatch {
+    let pending = view.pending.as_ref().expect("a pending approval");
+    DecisionBatch {
+        decisions: pending
+            .requests
+            .iter()
+            .map(|r| Decision { interruption_id: r.interruption_id.clone(), approved, reason: Some("checked".into()) })
+            .collect(),
+        actor: "approver".into(),
+    }
+}
+
+const REFUND: &str = "const order = await orders.get('A-1002');
+    const r = await orders.refund(order.id, 1500);
+    return { order: order.id, refund: r };";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plain_script_completes() {
+    let dir = temp_dir();
+    let s = service(&dir).await;
+    let id = submit(&s, "return 6 * 7").await;
+    let view = settled(&s, &id).await;
+    assert_eq!((view.status, view.result), (RunStatus::Completed, Some(json!(42))));
+    assert_eq!(view.rounds, 0);
+    drop(s);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn approved_refund_happens_once_and_reads_are_not_repeated() {
+    let dir = temp_dir();
+    let s = service(&dir).await;
+    let id = submit(&s, REFUND).await;
+    let view = settled(&s, &id).await;
+    let pending = view.pending.clone().unwrap();
+    assert_eq!(pending.round, 1);
+    assert_eq!(pending.requests[0].request, json!({ "kind": "refund-approval", "orderId": "A-1002", "amount": 1500 }));
+    assert_eq!(s.automations.pending_approvals("acme", 10).await.unwrap().len(), 1);
+    assert!(s.automations.pending_approvals("globex", 10).await.unwrap().is_empty());
+
+    assert_eq!(s.automations.decide("acme", &id, decide_all(&view, true)).await, Ok(1));
+    let view = settled(&s, &id).await;
+    assert_eq!(view.status, RunStatus::Completed, "{view:?}");
+    let refund = &view.result.unwrap()["refund"];
+    assert_eq!((refund["approved"].clone(), refund["refunded"].clone()), (json!(true), json!(1500)));
+    assert_eq!(s.orders.refunds("acme").await.unwrap(), vec![("A-1002".to_owned(), 1500)]);
+    assert_eq!(s.orders.live_calls(id.as_str(), "orders.get").await.unwrap(), 1, "replayed, not re-run");
+    assert_eq!(
+        s.automations.decide("acme", &id, decide_all_ids(&["interrupt-2"])).await,
+        Err(AutomationError::Ended(RunStatus::Completed))
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+fn decide_all_ids(ids: &[&str]) -> DecisionBatch {
+    DecisionBatch {
+        decisions: ids
+            .iter()
+            .map(|i| Decision { interruption_id: (*i).into(), approved: true, reason: None })
+            .collect(),
+        actor: "x".into(),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rejected_refund_changes_nothing_and_the_script_sees_it() {
+    let dir = temp_dir();
+    let s = service(&dir).await;
+    let id = submit(&s, REFUND).await;
+    let view = settled(&s, &id).await;
+    s.automations.decide("acme", &id, decide_all(&view, false)).await.unwrap();
+    let view = settled(&s, &id).await;
+    assert_eq!(view.result.unwrap()["refund"], json!({ "approved": false, "orderId": "A-1002", "reason": "checked" }));
+    assert!(s.orders.refunds("acme").await.unwrap().is_empty());
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_rounds_and_a_parallel_batch() {
+    let dir = temp_dir();
+    let s = service(&dir).await;
+    let source = "const both = await Promise.all([orders.refund('A-1001', 100), orders.refund('A-1003', 200)]);
+        const last = await orders.refund('A-1004', 300);
+        return [both.map(r => r.refunded), last.refunded];";
+    let id = submit(&s, source).await;
+    let view = settled(&s, &id).await;
+    assert_eq!(view.pending.as_ref().unwrap().requests.len(), 2, "both refunds in one batch");
+    // A batch that misses one is refused and resumes nothing.
+    let partial = decide_all_ids(&["interrupt-1"]);
+    assert!(matches!(s.automations.decide("acme", &id, partial).await, Err(AutomationError::Invalid(_))));
+    s.automations.decide("acme", &id, decide_all(&view, true)).await.unwrap();
+    let view = settled(&s, &id).await;
+    assert_eq!(view.pending.as_ref().map(|p| p.round), Some(2), "{view:?}");
+    s.automations.decide("acme", &id, decide_all(&view, true)).await.unwrap();
+    let view = settled(&s, &id).await;
+    assert_eq!(view.result, Some(json!([[100, 200], 300])));
+    assert_eq!(view.rounds, 2);
+    assert_eq!(s.orders.refunds("acme").await.unwrap().len(), 3);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_new_service_on_the_same_database_finishes_the_automation() {
+    let dir = temp_dir();
+    let s = service(&dir).await;
+    let id = submit(&s, REFUND).await;
+    let view = settled(&s, &id).await;
+    s.automations.engine().shutdown().await;
+    drop(s);
+    let s = service(&dir).await;
+    s.automations.decide("acme", &id, decide_all(&view, true)).await.unwrap();
+    let view = settled(&s, &id).await;
+    assert_eq!(view.status, RunStatus::Completed);
+    assert_eq!(s.orders.refunds("acme").await.unwrap().len(), 1);
+    assert_eq!(s.orders.live_calls(id.as_str(), "orders.get").await.unwrap(), 1);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_32_concurrent_decisions_exactly_one_is_applied() {
+    let dir = temp_dir();
+    let s = service(&dir).await;
+    let id = submit(&s, REFUND).await;
+    let view = settled(&s, &id).await;
+    let tasks: Vec<_> = (0..32)
+        .map(|i| {
+            let (automations, id, batch) = (s.automations.clone(), id.clone(), decide_all(&view, i % 2 == 0));
+            tokio::spawn(async move { automations.decide("acme", &id, batch).await })
+        })
+        .collect();
+    let mut applied = 0;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(_) => applied += 1,
+            Err(AutomationError::AlreadyDecided) => {}
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    assert_eq!(applied, 1);
+    let view = settled(&s, &id).await;
+    assert_eq!(view.status, RunStatus::Completed);
+    assert!(s.orders.refunds("acme").await.unwrap().len() <= 1);
+    // Another tenant cannot see or decide it.
+    assert_eq!(s.automations.get("globex", &id).await.unwrap_err(), AutomationError::NotFound);
+    let _ = std::fs::remove_dir_all(dir);
+}
