@@ -40,6 +40,7 @@ pub mod automation;
 pub mod continuations;
 pub mod db;
 pub mod orders;
+pub mod server;
 #[cfg(test)]
 mod testing;
 

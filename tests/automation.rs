@@ -202,6 +202,6 @@ async fn of_32_concurrent_decisions_exactly_one_is_applied() {
     assert_eq!(view.status, RunStatus::Completed);
     assert!(s.orders.refunds("acme").await.unwrap().len() <= 1);
     // Another tenant cannot see or decide it.
-    assert_eq!(s.automations.get("globex", &id).await.unwrap_err(), AutomationError::NotFound);
+    assert_eq!(s.automations.get("globex", &id).await.unwrap_err(), AutomationError::WrongTenant);
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -159,7 +159,7 @@ impl Automations {
         Ok(self.engine.start(WORKFLOW, input, options).await?)
     }
 
-    /// The automation `id` of `tenant`; [`AutomationError::NotFound`] for another tenant's.
+    /// The automation `id` of `tenant`; [`AutomationError::WrongTenant`] for another tenant's.
     pub async fn get(&self, tenant: &str, id: &RunId) -> Result<AutomationView, AutomationError> {
         let run = self.engine.get_run(id).await.map_err(not_found)?;
         let input: AutomationInput = match (run.workflow.as_str(), serde_json::from_value(run.input.clone())) {
@@ -167,7 +167,7 @@ impl Automations {
             _ => return Err(AutomationError::NotFound),
         };
         if input.tenant != tenant {
-            return Err(AutomationError::NotFound);
+            return Err(AutomationError::WrongTenant);
         }
         let log = EventLog::read(&self.engine, id).await?;
         let pending = match log.open_round() {
@@ -232,7 +232,7 @@ impl Automations {
         let expected = (Some(tenant), Some(id.as_str()));
         let named = (hook.metadata["tenant"].as_str(), hook.metadata["automation"].as_str());
         if named != expected || hook.run_id != *id {
-            return Err(AutomationError::NotFound);
+            return Err(AutomationError::WrongTenant);
         }
         let pending: Vec<PendingRequest> = serde_json::from_value(hook.metadata["pending"].clone())
             .map_err(|e| AutomationError::Internal(format!("hook metadata: {e}")))?;

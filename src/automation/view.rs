@@ -165,8 +165,10 @@ impl EventLog {
 /// An error of the automation service. Each maps to one HTTP status.
 #[derive(Clone, Debug, PartialEq)]
 pub enum AutomationError {
-    /// No automation with this id for this tenant.
+    /// No automation with this id.
     NotFound,
+    /// The automation belongs to another tenant.
+    WrongTenant,
     /// The automation has ended (with this status).
     Ended(RunStatus),
     /// The round was decided already (or a concurrent decision won).
@@ -185,6 +187,7 @@ impl fmt::Display for AutomationError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             AutomationError::NotFound => f.write_str("no such automation"),
+            AutomationError::WrongTenant => f.write_str("the automation belongs to another tenant"),
             AutomationError::Ended(status) => write!(f, "the automation has ended ({status})"),
             AutomationError::AlreadyDecided => f.write_str("this approval was decided already"),
             AutomationError::NotWaiting => f.write_str("the automation is not waiting for a decision"),

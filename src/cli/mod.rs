@@ -3,6 +3,7 @@
 mod inspect;
 mod report;
 mod run;
+mod serve;
 
 use clap::{Parser, Subcommand};
 use std::process::ExitCode;
@@ -36,6 +37,10 @@ pub enum Command {
     Run(run::RunArgs),
     /// Verify a continuation token and show its pending interruptions, expiry and run id.
     Inspect(inspect::InspectArgs),
+    /// Run the HTTP approval service (automations, approvals, events) on SQLite or PostgreSQL.
+    Serve(serve::ServeArgs),
+    /// Create or upgrade the database tables, then exit.
+    Migrate(serve::MigrateArgs),
     /// Serve runs on stdin/stdout as a worker process (started by the runner itself).
     #[command(name = "__worker", hide = true)]
     Worker,
@@ -47,6 +52,8 @@ impl Cli {
         match self.command {
             Command::Run(args) => run::execute(args),
             Command::Inspect(args) => inspect::execute(args),
+            Command::Serve(args) => serve::execute_serve(args),
+            Command::Migrate(args) => serve::execute_migrate(args),
             Command::Worker => resumable::runner::process::serve_worker(),
         }
     }

@@ -1,0 +1,115 @@
+//! `resumable serve` and `resumable migrate`: the HTTP approval service and its database.
+
+use super::usage_error;
+use clap::Args;
+use resumable::server::{ServerConfig, load_keys, migrate, serve, shutdown_signal};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+/// The database used when `--db` is not given.
+const DEFAULT_DB: &str = "sqlite://resumable.db";
+
+const SERVE_AFTER_HELP: &str = "\
+API keys come from --keys FILE, or else from the RESUMABLE_API_KEYS environment variable, as
+  {\"keys\": [{\"key\": \"…\", \"actor\": \"alice\", \"tenant\": \"acme\", \"roles\": [\"submitter\", \"approver\"]}]}
+With --demo the server also seeds demo orders for tenants acme and globex and accepts the keys
+demo-acme (submitter and approver in acme) and demo-globex (approver in globex).
+
+The secret that hook tokens derive from is read from --secret-file (default: resumable.secret),
+or generated there with mode 0600 on first start. SIGTERM or Ctrl-C stops the server gracefully.";
+
+/// Arguments of `resumable serve`.
+#[derive(Debug, Args)]
+#[command(after_help = SERVE_AFTER_HELP)]
+pub struct ServeArgs {
+    /// The database: sqlite://FILE or postgres://USER:PASSWORD@HOST/DB.
+    #[arg(long, value_name = "URL", default_value = DEFAULT_DB)]
+    db: String,
+
+    /// The address to listen on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
+    listen: SocketAddr,
+
+    /// Seed demo orders and accept the demo API keys.
+    #[arg(long)]
+    demo: bool,
+
+    /// A JSON file of API keys.
+    #[arg(long, value_name = "PATH")]
+    keys: Option<PathBuf>,
+
+    /// The file holding the server's secret (created with mode 0600 if missing).
+    #[arg(long, value_name = "PATH", default_value = "resumable.secret")]
+    secret_file: PathBuf,
+
+    /// Concurrent automation executions.
+    #[arg(long, value_name = "N", default_value_t = 8)]
+    workers: usize,
+}
+
+/// Arguments of `resumable migrate`.
+#[derive(Debug, Args)]
+pub struct MigrateArgs {
+    /// The database: sqlite://FILE or postgres://USER:PASSWORD@HOST/DB.
+    #[arg(long, value_name = "URL", default_value = DEFAULT_DB)]
+    db: String,
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| usage_error(format!("cannot start the async runtime: {e}")))
+}
+
+/// Runs the approval server until SIGTERM or Ctrl-C.
+pub fn execute_serve(args: ServeArgs) -> ExitCode {
+    use std::io::IsTerminal as _;
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .with_target(false)
+        .init();
+    let keys = match load_keys(args.keys.as_deref()) {
+        Ok(keys) => keys,
+        Err(message) => return usage_error(message),
+    };
+    let config = ServerConfig {
+        db_url: args.db.clone(),
+        listen: args.listen,
+        demo: args.demo,
+        keys,
+        secret_file: args.secret_file,
+        workers: args.workers.max(1),
+    };
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    match rt.block_on(serve(config, shutdown_signal())) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Applies the database migrations and exits.
+pub fn execute_migrate(args: MigrateArgs) -> ExitCode {
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(code) => return code,
+    };
+    match rt.block_on(migrate(&args.db.clone())) {
+        Ok(()) => {
+            println!("{}", serde_json::json!({ "migrated": true }));
+            ExitCode::SUCCESS
+        }
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,180 @@
+//! Callers: bearer API keys from configuration, each naming an actor with a tenant and roles.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::FromRequestParts;
+use axum::http::header::AUTHORIZATION;
+use axum::http::request::Parts;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+use super::AppState;
+use super::error::ApiError;
+
+/// What a caller may do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Role {
+    /// Submit and cancel automations, read them.
+    Submitter,
+    /// List and decide approvals, read automations.
+    Approver,
+}
+
+/// One configured API key.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeyConfig {
+    /// The secret key a caller sends as `Authorization: Bearer KEY` (at least 8 characters).
+    pub key: String,
+    /// The actor's name, recorded with its decisions.
+    pub actor: String,
+    /// The tenant whose automations and data the actor works on.
+    pub tenant: String,
+    /// What the actor may do.
+    pub roles: Vec<Role>,
+}
+
+/// The keys file (`--keys FILE` or the `RESUMABLE_API_KEYS` environment variable): `{"keys": [...]}`.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ApiKeysConfig {
+    /// The keys.
+    pub keys: Vec<ApiKeyConfig>,
+}
+
+/// An authenticated caller.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Caller {
+    /// The actor's name.
+    pub actor: String,
+    /// Its tenant.
+    pub tenant: String,
+    /// Its roles.
+    pub roles: Vec<Role>,
+}
+
+impl Caller {
+    /// Fails with 403 unless the caller has `role`.
+    pub fn require(&self, role: Role) -> Result<(), ApiError> {
+        if self.roles.contains(&role) {
+            Ok(())
+        } else {
+            let name = match role {
+                Role::Submitter => "submitter",
+                Role::Approver => "approver",
+            };
+            Err(ApiError::forbidden(format!("this API key does not have the {name} role")))
+        }
+    }
+}
+
+/// The configured keys, looked up by their SHA-256 digest (keys are not kept in clear).
+#[derive(Clone, Debug, Default)]
+pub struct ApiKeys {
+    by_digest: Arc<HashMap<[u8; 32], Caller>>,
+}
+
+fn digest(key: &str) -> [u8; 32] {
+    Sha256::digest(key.as_bytes()).into()
+}
+
+impl ApiKeys {
+    /// The keys of `config`; refuses short keys, duplicates and empty tenants.
+    pub fn new(config: ApiKeysConfig) -> Result<ApiKeys, String> {
+        let mut by_digest = HashMap::new();
+        for (i, k) in config.keys.into_iter().enumerate() {
+            if k.key.len() < 8 {
+                return Err(format!("API key #{} is shorter than 8 characters", i + 1));
+            }
+            if k.tenant.is_empty() || k.actor.is_empty() {
+                return Err(format!("API key #{} needs an actor and a tenant", i + 1));
+            }
+            let caller = Caller { actor: k.actor, tenant: k.tenant, roles: k.roles };
+            if by_digest.insert(digest(&k.key), caller).is_some() {
+                return Err(format!("API key #{} is configured twice", i + 1));
+            }
+        }
+        Ok(ApiKeys { by_digest: Arc::new(by_digest) })
+    }
+
+    /// Parses the JSON of a keys file.
+    pub fn from_json(json: &str) -> Result<ApiKeys, String> {
+        let config: ApiKeysConfig = serde_json::from_str(json).map_err(|e| format!("invalid API keys: {e}"))?;
+        ApiKeys::new(config)
+    }
+
+    /// The documented demo keys: `demo-acme` (submitter and approver in `acme`) and `demo-globex`
+    /// (approver in `globex`).
+    pub fn demo() -> ApiKeys {
+        let key = |key: &str, actor: &str, tenant: &str, roles: Vec<Role>| ApiKeyConfig {
+            key: key.into(),
+            actor: actor.into(),
+            tenant: tenant.into(),
+            roles,
+        };
+        ApiKeys::new(ApiKeysConfig {
+            keys: vec![
+                key("demo-acme", "acme-demo", "acme", vec![Role::Submitter, Role::Approver]),
+                key("demo-globex", "globex-demo", "globex", vec![Role::Approver]),
+            ],
+        })
+        .unwrap_or_default()
+    }
+
+    /// Adds the keys of `other` (later ones win).
+    pub fn merge(self, other: ApiKeys) -> ApiKeys {
+        let mut map = (*self.by_digest).clone();
+        map.extend(other.by_digest.iter().map(|(k, v)| (*k, v.clone())));
+        ApiKeys { by_digest: Arc::new(map) }
+    }
+
+    /// How many keys are configured.
+    pub fn len(&self) -> usize {
+        self.by_digest.len()
+    }
+
+    /// Whether no key is configured.
+    pub fn is_empty(&self) -> bool {
+        self.by_digest.is_empty()
+    }
+
+    /// The caller a presented key belongs to.
+    pub fn caller(&self, key: &str) -> Option<&Caller> {
+        self.by_digest.get(&digest(key))
+    }
+}
+
+impl FromRequestParts<AppState> for Caller {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Caller, ApiError> {
+        let header =
+            parts.headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).ok_or_else(ApiError::unauthorized)?;
+        let key = header.strip_prefix("Bearer ").map(str::trim).ok_or_else(ApiError::unauthorized)?;
+        state.keys.caller(key).cloned().ok_or_else(ApiError::unauthorized)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_validated_and_looked_up() {
+        let keys = ApiKeys::demo();
+        assert_eq!(keys.len(), 2);
+        let acme = keys.caller("demo-acme").unwrap();
+        assert_eq!((acme.tenant.as_str(), acme.require(Role::Approver)), ("acme", Ok(())));
+        assert!(keys.caller("demo-globex").unwrap().require(Role::Submitter).is_err());
+        assert!(keys.caller("demo-acm").is_none());
+        assert!(ApiKeys::from_json(r#"{"keys":[{"key":"short","actor":"a","tenant":"t","roles":[]}]}"#).is_err());
+        assert!(
+            ApiKeys::from_json(r#"{"keys":[{"key":"longenough","actor":"a","tenant":"t","roles":["root"]}]}"#).is_err()
+        );
+        let twice = r#"{"keys":[{"key":"longenough","actor":"a","tenant":"t","roles":[]},
+                                {"key":"longenough","actor":"b","tenant":"t","roles":[]}]}"#;
+        assert!(ApiKeys::from_json(twice).unwrap_err().contains("twice"));
+    }
+}

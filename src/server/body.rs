@@ -1,0 +1,36 @@
+//! The JSON body extractor of the API: size-limited, strictly typed, with our error shape.
+
+use axum::body::Bytes;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use serde::de::DeserializeOwned;
+
+use super::error::ApiError;
+
+/// The largest request body the API reads (a 256 KiB script may grow when JSON-escaped).
+pub const MAX_BODY_BYTES: usize = 1024 * 1024;
+
+/// A JSON request body of type `T`: malformed JSON, unknown fields and wrong types are 400 with
+/// the parser's message; a body over [`MAX_BODY_BYTES`] is 413.
+#[derive(Debug)]
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<ApiJson<T>, ApiError> {
+        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+                ApiError::too_large(format!("the request body is larger than {MAX_BODY_BYTES} bytes"))
+            } else {
+                ApiError::bad_request("the request body could not be read")
+            }
+        })?;
+        if bytes.is_empty() {
+            return Err(ApiError::bad_request("a JSON body is required"));
+        }
+        serde_json::from_slice(&bytes)
+            .map(ApiJson)
+            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
+    }
+}

@@ -1,0 +1,159 @@
+//! The HTTP approval service: submit scripts, list and decide approvals, follow events.
+//!
+//! All endpoints are under `/v1` and speak JSON; callers authenticate with bearer API keys that
+//! map to an actor with a tenant and roles. See the README for the endpoints and status codes.
+
+mod auth;
+mod body;
+mod error;
+mod routes;
+mod secret;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use axum::Router;
+use axum::extract::DefaultBodyLimit;
+use axum::routing::{get, post};
+use resumable_runner::RunnerConfig;
+
+pub use auth::{ApiKeyConfig, ApiKeys, ApiKeysConfig, Caller, Role};
+pub use error::ApiError;
+pub use routes::MAX_SOURCE_BYTES;
+pub use secret::load_or_create as load_or_create_secret;
+
+use crate::automation::Automations;
+use crate::db::AppDb;
+use crate::orders::OrderBook;
+
+/// What the handlers share.
+#[derive(Clone, Debug)]
+pub struct AppState {
+    /// The automation service.
+    pub automations: Automations,
+    /// Who may call.
+    pub keys: ApiKeys,
+}
+
+/// The `/v1` API (and `/healthz`) over `state`.
+pub fn router(state: AppState) -> Router {
+    Router::new()
+        .route("/healthz", get(routes::health))
+        .route("/v1/automations", post(routes::submit))
+        .route("/v1/automations/{id}", get(routes::get))
+        .route("/v1/automations/{id}/events", get(routes::events))
+        .route("/v1/automations/{id}/decisions", post(routes::decide))
+        .route("/v1/automations/{id}/cancel", post(routes::cancel))
+        .route("/v1/approvals", get(routes::approvals))
+        .fallback(routes::fallback)
+        .layer(DefaultBodyLimit::max(body::MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// How to run the service.
+#[derive(Clone, Debug)]
+pub struct ServerConfig {
+    /// The database: `sqlite://FILE` or `postgres://…` (workflow runs, continuations, orders).
+    pub db_url: String,
+    /// Where to listen.
+    pub listen: SocketAddr,
+    /// Seed the demo orders and accept the demo keys.
+    pub demo: bool,
+    /// The API keys (the demo keys are added with `demo`).
+    pub keys: ApiKeys,
+    /// The file holding the secret hook tokens derive from (created if missing).
+    pub secret_file: PathBuf,
+    /// Concurrent workflow executions.
+    pub workers: usize,
+}
+
+/// The service's parts, opened on one database.
+#[derive(Clone, Debug)]
+pub struct Service {
+    /// The automations.
+    pub automations: Automations,
+    /// The order system the scripts act on.
+    pub orders: OrderBook,
+}
+
+/// Opens the database (migrating it), the order system and the automation service.
+pub async fn open_service(db_url: &str, secret: &[u8], workers: usize, demo: bool) -> Result<Service, String> {
+    let store = resumable_workflow::store::open(db_url).await.map_err(|e| e.to_string())?;
+    let db = AppDb::open(db_url).await.map_err(|e| e.to_string())?;
+    let orders = OrderBook::new(db.clone());
+    if demo {
+        orders.seed_demo().await.map_err(|e| e.to_string())?;
+    }
+    let host = orders.clone();
+    let automations = Automations::builder(store, db, secret)
+        .host(move |tenant| host.host_functions(tenant))
+        .runner(RunnerConfig::new())
+        .engine(move |e| e.workers(workers))
+        .build()
+        .map_err(|e| e.to_string())?;
+    Ok(Service { automations, orders })
+}
+
+/// Applies the migrations of every table to the database at `db_url` and returns.
+pub async fn migrate(db_url: &str) -> Result<(), String> {
+    let store = resumable_workflow::store::open(db_url).await.map_err(|e| e.to_string())?;
+    drop(store);
+    AppDb::open(db_url).await.map_err(|e| e.to_string())?;
+    Ok(())
+}
+
+/// Runs the service until `shutdown` completes, then stops accepting requests, lets the ones in
+/// flight finish, and hands running automations back to the database.
+pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), String> {
+    let secret = secret::load_or_create(&config.secret_file)?;
+    let keys = if config.demo { config.keys.merge(ApiKeys::demo()) } else { config.keys };
+    if keys.is_empty() {
+        return Err("no API keys are configured: pass --keys FILE, set RESUMABLE_API_KEYS, or use --demo".into());
+    }
+    let service = open_service(&config.db_url, &secret, config.workers, config.demo).await?;
+    let listener = tokio::net::TcpListener::bind(config.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
+    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    tracing::info!(listen = %local, keys = keys.len(), demo = config.demo, "serving the approval API");
+    // Scripts and tests read this line to find the port.
+    println!("listening on http://{local}");
+    let state = AppState { automations: service.automations.clone(), keys };
+    axum::serve(listener, router(state))
+        .with_graceful_shutdown(shutdown)
+        .await
+        .map_err(|e| format!("server failed: {e}"))?;
+    tracing::info!("shutting down: handing running automations back");
+    service.automations.engine().shutdown().await;
+    Ok(())
+}
+
+/// Completes on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = terminate => {}
+    }
+}
+
+/// Reads the API keys from `path`, or else the `RESUMABLE_API_KEYS` environment variable.
+pub fn load_keys(path: Option<&std::path::Path>) -> Result<ApiKeys, String> {
+    let from_env = std::env::var("RESUMABLE_API_KEYS").ok();
+    match (path, from_env) {
+        (Some(p), _) => {
+            let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
+            ApiKeys::from_json(&text).map_err(|e| format!("{}: {e}", p.display()))
+        }
+        (None, Some(json)) => ApiKeys::from_json(&json).map_err(|e| format!("RESUMABLE_API_KEYS: {e}")),
+        (None, None) => Ok(ApiKeys::default()),
+    }
+}

@@ -1,0 +1,149 @@
+//! The `/v1` handlers: plain async functions; extractors authenticate and validate.
+
+use axum::Json;
+use axum::body::Body;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use futures_util::stream;
+use serde::Deserialize;
+use serde_json::{Value, json};
+
+use super::AppState;
+use super::auth::{Caller, Role};
+use super::body::ApiJson;
+use super::error::ApiError;
+use crate::automation::{Decision, DecisionBatch};
+use resumable_workflow::RunId;
+
+/// The largest script accepted.
+pub const MAX_SOURCE_BYTES: usize = 256 * 1024;
+
+/// The most approvals one listing returns.
+const MAX_APPROVALS: usize = 500;
+
+/// `POST /v1/automations`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct SubmitRequest {
+    source: String,
+    #[serde(default)]
+    context: Value,
+    #[serde(default)]
+    idempotency_key: Option<String>,
+}
+
+/// `POST /v1/automations/{id}/decisions`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DecisionsRequest {
+    decisions: Vec<Decision>,
+}
+
+/// `?from=N` of the events stream.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EventsQuery {
+    #[serde(default)]
+    from: u64,
+}
+
+fn automation_id(id: &str) -> Result<RunId, ApiError> {
+    let valid = id.len() <= 64 && id.starts_with("run_") && id[4..].bytes().all(|b| b.is_ascii_hexdigit());
+    if valid { Ok(RunId::from(id)) } else { Err(ApiError::not_found("no such automation")) }
+}
+
+/// Submits a script; 202 with its id.
+pub async fn submit(
+    State(state): State<AppState>,
+    caller: Caller,
+    ApiJson(req): ApiJson<SubmitRequest>,
+) -> Result<Response, ApiError> {
+    caller.require(Role::Submitter)?;
+    if req.source.len() > MAX_SOURCE_BYTES {
+        return Err(ApiError::too_large(format!("the script is larger than {MAX_SOURCE_BYTES} bytes")));
+    }
+    if req.idempotency_key.as_ref().is_some_and(|k| k.is_empty() || k.len() > 200) {
+        return Err(ApiError::bad_request("idempotencyKey must have 1 to 200 characters"));
+    }
+    let id =
+        state.automations.submit(&caller.tenant, &req.source, req.context, &caller.actor, req.idempotency_key).await?;
+    Ok((StatusCode::ACCEPTED, Json(json!({ "id": id }))).into_response())
+}
+
+/// One automation.
+pub async fn get(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Json<Value>, ApiError> {
+    let view = state.automations.get(&caller.tenant, &automation_id(&id)?).await?;
+    Ok(Json(view.to_json()))
+}
+
+/// The automation's events as NDJSON (`{"index", "event"}` per line), live until it ends.
+pub async fn events(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
+) -> Result<Response, ApiError> {
+    let Query(query) = query.map_err(|e| ApiError::bad_request(format!("invalid query: {}", e.body_text())))?;
+    let reader = state.automations.events(&caller.tenant, &automation_id(&id)?, query.from).await?;
+    let lines = stream::unfold(reader, |mut reader| async move {
+        match reader.next().await? {
+            Ok((index, event)) => {
+                let mut line = json!({ "index": index, "event": event }).to_string();
+                line.push('\n');
+                Some((Ok::<_, std::io::Error>(line), reader))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "event stream ended early");
+                None
+            }
+        }
+    });
+    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(lines)).into_response())
+}
+
+/// The caller's tenant's pending approvals, oldest first.
+pub async fn approvals(State(state): State<AppState>, caller: Caller) -> Result<Json<Value>, ApiError> {
+    caller.require(Role::Approver)?;
+    let approvals = state.automations.pending_approvals(&caller.tenant, MAX_APPROVALS).await?;
+    Ok(Json(json!({ "approvals": approvals })))
+}
+
+/// Decides the open round of an automation; 202 once the batch is delivered.
+pub async fn decide(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<DecisionsRequest>,
+) -> Result<Response, ApiError> {
+    caller.require(Role::Approver)?;
+    let batch = DecisionBatch { decisions: req.decisions, actor: caller.actor.clone() };
+    let round = state.automations.decide(&caller.tenant, &automation_id(&id)?, batch).await?;
+    tracing::info!(automation = %id, round, actor = %caller.actor, "decision delivered");
+    Ok((StatusCode::ACCEPTED, Json(json!({ "id": id, "round": round }))).into_response())
+}
+
+/// Cancels an automation.
+pub async fn cancel(
+    State(state): State<AppState>,
+    caller: Caller,
+    Path(id): Path<String>,
+) -> Result<Response, ApiError> {
+    caller.require(Role::Submitter)?;
+    let status = state.automations.cancel(&caller.tenant, &automation_id(&id)?).await?;
+    Ok((StatusCode::ACCEPTED, Json(json!({ "id": id, "status": status }))).into_response())
+}
+
+/// Liveness.
+pub async fn health() -> Json<Value> {
+    Json(json!({ "ok": true }))
+}
+
+/// Any other path.
+pub async fn fallback() -> ApiError {
+    ApiError::not_found("no such endpoint")
+}
