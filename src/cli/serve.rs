@@ -2,6 +2,8 @@
 
 use super::usage_error;
 use clap::Args;
+use resumable::RunnerConfig;
+use resumable::runner::process::ProcessConfig;
 use resumable::server::{ServerConfig, load_keys, migrate, serve, shutdown_signal};
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -75,6 +77,11 @@ pub fn execute_serve(args: ServeArgs) -> ExitCode {
         Ok(keys) => keys,
         Err(message) => return usage_error(message),
     };
+    // Untrusted scripts run in killable worker processes: this same program, as `resumable __worker`.
+    let processes = match ProcessConfig::current_exe() {
+        Ok(p) => p,
+        Err(e) => return usage_error(format!("cannot find this program to start workers: {e}")),
+    };
     let config = ServerConfig {
         db_url: args.db.clone(),
         listen: args.listen,
@@ -82,6 +89,7 @@ pub fn execute_serve(args: ServeArgs) -> ExitCode {
         keys,
         secret_file: args.secret_file,
         workers: args.workers.max(1),
+        runner: RunnerConfig::new().processes(processes),
     };
     let rt = match runtime() {
         Ok(rt) => rt,

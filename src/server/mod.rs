@@ -66,6 +66,8 @@ pub struct ServerConfig {
     pub secret_file: PathBuf,
     /// Concurrent workflow executions.
     pub workers: usize,
+    /// How scripts run (the CLI runs them in worker processes).
+    pub runner: RunnerConfig,
 }
 
 /// The service's parts, opened on one database.
@@ -78,7 +80,13 @@ pub struct Service {
 }
 
 /// Opens the database (migrating it), the order system and the automation service.
-pub async fn open_service(db_url: &str, secret: &[u8], workers: usize, demo: bool) -> Result<Service, String> {
+pub async fn open_service(
+    db_url: &str,
+    secret: &[u8],
+    workers: usize,
+    demo: bool,
+    runner: RunnerConfig,
+) -> Result<Service, String> {
     let store = resumable_workflow::store::open(db_url).await.map_err(|e| e.to_string())?;
     let db = AppDb::open(db_url).await.map_err(|e| e.to_string())?;
     let orders = OrderBook::new(db.clone());
@@ -88,7 +96,7 @@ pub async fn open_service(db_url: &str, secret: &[u8], workers: usize, demo: boo
     let host = orders.clone();
     let automations = Automations::builder(store, db, secret)
         .host(move |tenant| host.host_functions(tenant))
-        .runner(RunnerConfig::new())
+        .runner(runner)
         .engine(move |e| e.workers(workers))
         .build()
         .map_err(|e| e.to_string())?;
@@ -111,7 +119,7 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()> + Se
     if keys.is_empty() {
         return Err("no API keys are configured: pass --keys FILE, set RESUMABLE_API_KEYS, or use --demo".into());
     }
-    let service = open_service(&config.db_url, &secret, config.workers, config.demo).await?;
+    let service = open_service(&config.db_url, &secret, config.workers, config.demo, config.runner).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
