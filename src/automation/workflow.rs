@@ -150,16 +150,17 @@ pub(crate) async fn run_automation(
                 return Err(WorkflowError::msg(error_text(&code, &message)));
             }
             RoundResult::Interrupted { continuation, pending, console } => {
-                let event =
-                    json!({ "type": "approval_requested", "round": round, "pending": pending, "console": console });
-                ctx.emit(&event).await?;
                 let metadata = json!({
                     "tenant": input.tenant,
                     "automation": id,
                     "round": round,
                     "pending": pending,
                 });
+                // The hook exists before anyone can learn of the request from the stream.
                 let hook = ctx.hook(&deps.tokens.for_round(&id, round), metadata).await?;
+                let event =
+                    json!({ "type": "approval_requested", "round": round, "pending": pending, "console": console });
+                ctx.emit(&event).await?;
                 let ids: Vec<&str> = pending.iter().map(|p| p.interruption_id.as_str()).collect();
                 // The server validates before delivering; anything else arriving here is skipped.
                 let batch = loop {

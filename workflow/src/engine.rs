@@ -33,7 +33,8 @@ pub struct EngineOptions {
     /// The fallback poll interval (wake-ups inside one process are immediate; this catches work
     /// created by other processes sharing the database).
     pub poll_interval: Duration,
-    /// The lease owner name of this engine's workers (random by default).
+    /// A name for this engine's leases (`engine` by default); a random suffix makes it unique
+    /// per engine instance.
     pub owner: Option<String>,
 }
 
@@ -120,7 +121,10 @@ impl EngineBuilder {
     /// # Panics
     /// Outside a Tokio runtime.
     pub fn build(self) -> Engine {
-        let owner = self.options.owner.clone().unwrap_or_else(|| format!("engine-{}", random_hex(8)));
+        // Unique per engine instance even with a configured name: a restarted engine must be able to
+        // take over the leases its previous incarnation left behind.
+        let name = self.options.owner.as_deref().unwrap_or("engine");
+        let owner = format!("{name}-{}", random_hex(8));
         let shared = Arc::new(Shared {
             store: self.store,
             registry: self.registry,

@@ -534,22 +534,36 @@ impl Store for SqliteStore {
 
     fn claim<'a>(&'a self, req: &'a ClaimRequest) -> BoxFuture<'a, Result<Option<ClaimedRun>, StoreError>> {
         Box::pin(async move {
-            let now = now_ms();
             let workflows = serde_json::to_string(&req.workflows).unwrap_or_else(|_| "[]".to_owned());
-            let mut tx = self.begin().await?;
-            let id: Option<String> = sqlx::query_scalar(
-                "SELECT id FROM runs
+            // An engine never takes over its own expired leases: its executions are alive while it
+            // is, and a restarted engine has a new owner name.
+            let runnable = "SELECT id FROM runs
                  WHERE workflow IN (SELECT value FROM json_each(?1))
                    AND (status = 'pending'
                         OR (status = 'waiting' AND wake_at <= ?2)
-                        OR (status = 'running' AND lease_expires_at <= ?2))
-                 ORDER BY updated_at LIMIT 1",
-            )
-            .bind(&workflows)
-            .bind(now)
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(db)?;
+                        OR (status = 'running' AND lease_expires_at <= ?2 AND lease_owner <> ?3))
+                 ORDER BY updated_at LIMIT 1";
+            // Look on a reader first, so idle workers polling never take the write lock.
+            let candidate: Option<String> = sqlx::query_scalar(runnable)
+                .bind(&workflows)
+                .bind(now_ms())
+                .bind(&req.owner)
+                .fetch_optional(&self.reader)
+                .await
+                .map_err(db)?;
+            if candidate.is_none() {
+                return Ok(None);
+            }
+            let mut tx = self.begin().await?;
+            // The clock is read once the write lock is held, so waiting for it never shortens a lease.
+            let now = now_ms();
+            let id: Option<String> = sqlx::query_scalar(runnable)
+                .bind(&workflows)
+                .bind(now)
+                .bind(&req.owner)
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(db)?;
             let Some(id) = id else {
                 return Ok(None);
             };
@@ -580,8 +594,8 @@ impl Store for SqliteStore {
 
     fn renew_lease<'a>(&'a self, fence: &'a Fence, lease: Duration) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let expires = now_ms().saturating_add(duration_ms(lease));
             let mut tx = self.begin().await?;
+            let expires = now_ms().saturating_add(duration_ms(lease));
             let done = sqlx::query(
                 "UPDATE runs SET lease_expires_at = ? WHERE id = ? AND status = 'running' AND lease_attempt = ?",
             )
@@ -621,8 +635,8 @@ impl Store for SqliteStore {
         name: &'a str,
     ) -> BoxFuture<'a, Result<u32, StoreError>> {
         Box::pin(async move {
-            let now = now_ms();
             let mut tx = self.begin().await?;
+            let now = now_ms();
             check_fence(&mut tx, fence).await?;
             let attempts: Option<i64> = sqlx::query_scalar(
                 "INSERT INTO steps (run_id, position, name, status, attempts, created_at, updated_at)
@@ -657,8 +671,8 @@ impl Store for SqliteStore {
         update: StepUpdate,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let now = now_ms();
             let mut tx = self.begin().await?;
+            let now = now_ms();
             check_fence(&mut tx, fence).await?;
             let (status, attempt, result, error, retry_at, kind, payload) = match update {
                 StepUpdate::Completed { attempt, result } => {
@@ -708,8 +722,8 @@ impl Store for SqliteStore {
         metadata: &'a Value,
     ) -> BoxFuture<'a, Result<HookCreation, StoreError>> {
         Box::pin(async move {
-            let now = now_ms();
             let mut tx = self.begin().await?;
+            let now = now_ms();
             check_fence(&mut tx, fence).await?;
             // The partial unique index on active tokens decides; no check-then-insert.
             let inserted = sqlx::query(
@@ -789,8 +803,8 @@ impl Store for SqliteStore {
         due_at: Millis,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let now = now_ms();
             let mut tx = self.begin().await?;
+            let now = now_ms();
             check_fence(&mut tx, fence).await?;
             sqlx::query(
                 "INSERT INTO waits (run_id, position, due_at, status, created_at) VALUES (?, ?, ?, 'pending', ?)",
@@ -815,8 +829,8 @@ impl Store for SqliteStore {
         resolution: WaitResolution,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let now = now_ms();
             let mut tx = self.begin().await?;
+            let now = now_ms();
             check_fence(&mut tx, fence).await?;
             let (status, fired) = match resolution {
                 WaitResolution::Fired => ("fired", true),
@@ -848,8 +862,8 @@ impl Store for SqliteStore {
         result: &'a Value,
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let now = now_ms();
             let mut tx = self.begin().await?;
+            let now = now_ms();
             check_fence(&mut tx, fence).await?;
             sqlx::query(
                 "INSERT INTO steps (run_id, position, name, status, attempts, result, created_at, updated_at)
@@ -876,8 +890,8 @@ impl Store for SqliteStore {
         wake_at: Option<Millis>,
     ) -> BoxFuture<'a, Result<RunStatus, StoreError>> {
         Box::pin(async move {
-            let now = now_ms();
             let mut tx = self.begin().await?;
+            let now = now_ms();
             check_fence(&mut tx, fence).await?;
             // A payload that arrived during the execution makes the run runnable again at once.
             let status: String = sqlx::query_scalar(
@@ -905,8 +919,8 @@ impl Store for SqliteStore {
 
     fn finish_run<'a>(&'a self, fence: &'a Fence, outcome: RunOutcome) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
-            let now = now_ms();
             let mut tx = self.begin().await?;
+            let now = now_ms();
             check_fence(&mut tx, fence).await?;
             release_resources(&mut tx, &fence.run_id, now).await?;
             let (status, output, error, kind, payload) = match outcome {
@@ -940,8 +954,8 @@ impl Store for SqliteStore {
 
     fn cancel_run<'a>(&'a self, id: &'a RunId, reason: &'a str) -> BoxFuture<'a, Result<RunStatus, StoreError>> {
         Box::pin(async move {
-            let now = now_ms();
             let mut tx = self.begin().await?;
+            let now = now_ms();
             let status: Option<String> = sqlx::query_scalar("SELECT status FROM runs WHERE id = ?")
                 .bind(id.as_str())
                 .fetch_optional(&mut *tx)
@@ -1002,8 +1016,8 @@ impl Store for SqliteStore {
 
     fn resume_hook<'a>(&'a self, token: &'a str, payload: Value) -> BoxFuture<'a, Result<ResumeReceipt, StoreError>> {
         Box::pin(async move {
-            let now = now_ms();
             let mut tx = self.begin().await?;
+            let now = now_ms();
             let row = sqlx::query(
                 "UPDATE hooks SET received = received + 1 WHERE token = ? AND active = 1 RETURNING run_id, position, received",
             )
@@ -1043,8 +1057,8 @@ impl Store for SqliteStore {
         event: &'a Value,
     ) -> BoxFuture<'a, Result<u64, StoreError>> {
         Box::pin(async move {
-            let now = now_ms();
             let mut tx = self.begin().await?;
+            let now = now_ms();
             check_fence(&mut tx, fence).await?;
             // The next index is computed inside the write transaction; the primary key (run_id, idx)
             // and the unique (run_id, position) reject any duplicate.
