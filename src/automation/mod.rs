@@ -188,7 +188,13 @@ impl Automations {
     /// The pending approvals of `tenant`, oldest first (at most `limit`).
     pub async fn pending_approvals(&self, tenant: &str, limit: usize) -> Result<Vec<PendingApproval>, AutomationError> {
         let mut approvals = Vec::new();
-        let mut filter = RunFilter::default().workflow(WORKFLOW).status(RunStatus::Waiting).limit(RunFilter::MAX_LIMIT);
+        // A round that just asked may not have suspended yet: every live status counts.
+        let mut filter = RunFilter::default()
+            .workflow(WORKFLOW)
+            .status(RunStatus::Waiting)
+            .status(RunStatus::Running)
+            .status(RunStatus::Pending)
+            .limit(RunFilter::MAX_LIMIT);
         loop {
             let page = self.engine.list_runs(&filter).await?;
             for run in &page.runs {
