@@ -155,8 +155,18 @@ impl Automations {
             submitted_by: submitted_by.to_owned(),
         };
         let input = serde_json::to_value(&input).map_err(|e| AutomationError::Internal(e.to_string()))?;
+        let keyed = idempotency_key.is_some();
         let options = StartOptions { idempotency_key: idempotency_key.map(|k| format!("{tenant}:{k}")) };
-        Ok(self.engine.start(WORKFLOW, input, options).await?)
+        let id = self.engine.start(WORKFLOW, input.clone(), options).await?;
+        if keyed {
+            // A key reused for a different script is a client error, not the same submission.
+            let existing = self.engine.get_run(&id).await?;
+            let same = |field: &str| existing.input.get(field) == input.get(field);
+            if !(same("source") && same("context") && same("tenant")) {
+                return Err(AutomationError::IdempotencyConflict);
+            }
+        }
+        Ok(id)
     }
 
     /// The automation `id` of `tenant`; [`AutomationError::WrongTenant`] for another tenant's.
@@ -245,7 +255,12 @@ impl Automations {
         batch.validate(pending.iter().map(|p| p.interruption_id.as_str())).map_err(AutomationError::Invalid)?;
         match self.engine.resume_hook(&token, batch.to_value()).await {
             Ok(receipt) if receipt.index == 0 => Ok(round),
-            Ok(_) | Err(EngineError::HookNotFound) => Err(AutomationError::AlreadyDecided),
+            Ok(_) => Err(AutomationError::AlreadyDecided),
+            // Disposed meanwhile: the automation ended (cancelled), or a decision already moved it on.
+            Err(EngineError::HookNotFound) => match self.engine.get_run(id).await?.status {
+                status if status.is_terminal() => Err(AutomationError::Ended(status)),
+                _ => Err(AutomationError::AlreadyDecided),
+            },
             Err(e) => Err(e.into()),
         }
     }

@@ -175,6 +175,8 @@ pub enum AutomationError {
     AlreadyDecided,
     /// The automation is not waiting for a decision.
     NotWaiting,
+    /// The idempotency key was used before for a different script or context.
+    IdempotencyConflict,
     /// The decision batch does not fit the pending requests.
     Invalid(InvalidDecisions),
     /// The service is misconfigured.
@@ -191,6 +193,9 @@ impl fmt::Display for AutomationError {
             AutomationError::Ended(status) => write!(f, "the automation has ended ({status})"),
             AutomationError::AlreadyDecided => f.write_str("this approval was decided already"),
             AutomationError::NotWaiting => f.write_str("the automation is not waiting for a decision"),
+            AutomationError::IdempotencyConflict => {
+                f.write_str("this idempotency key was used for a different script or context")
+            }
             AutomationError::Invalid(e) => write!(f, "invalid decisions: {e}"),
             AutomationError::Config(m) => write!(f, "configuration error: {m}"),
             AutomationError::Internal(m) => write!(f, "internal error: {m}"),

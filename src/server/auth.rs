@@ -146,13 +146,20 @@ impl ApiKeys {
     }
 }
 
+/// The key of an `Authorization: Bearer KEY` header; the scheme name is case-insensitive.
+fn bearer_key(header: &str) -> Option<&str> {
+    let (scheme, key) = header.split_once(' ')?;
+    let key = key.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !key.is_empty()).then_some(key)
+}
+
 impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Caller, ApiError> {
         let header =
             parts.headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).ok_or_else(ApiError::unauthorized)?;
-        let key = header.strip_prefix("Bearer ").map(str::trim).ok_or_else(ApiError::unauthorized)?;
+        let key = bearer_key(header).ok_or_else(ApiError::unauthorized)?;
         state.keys.caller(key).cloned().ok_or_else(ApiError::unauthorized)
     }
 }
@@ -160,6 +167,15 @@ impl FromRequestParts<AppState> for Caller {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn bearer_scheme_is_case_insensitive() {
+        assert_eq!(bearer_key("Bearer demo-acme"), Some("demo-acme"));
+        assert_eq!(bearer_key("bearer  demo-acme "), Some("demo-acme"));
+        assert_eq!(bearer_key("Basic demo-acme"), None);
+        assert_eq!(bearer_key("Bearer "), None);
+        assert_eq!(bearer_key("demo-acme"), None);
+    }
 
     #[test]
     fn keys_are_validated_and_looked_up() {

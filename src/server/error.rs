@@ -76,6 +76,9 @@ impl From<AutomationError> for ApiError {
             AutomationError::Ended(_) => ApiError::new(StatusCode::GONE, "ENDED", message),
             AutomationError::AlreadyDecided => ApiError::new(StatusCode::CONFLICT, "ALREADY_DECIDED", message),
             AutomationError::NotWaiting => ApiError::new(StatusCode::CONFLICT, "NOT_WAITING", message),
+            AutomationError::IdempotencyConflict => {
+                ApiError::new(StatusCode::CONFLICT, "IDEMPOTENCY_CONFLICT", message)
+            }
             AutomationError::Invalid(_) => {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "INVALID_DECISIONS", message)
             }

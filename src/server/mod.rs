@@ -17,6 +17,7 @@ use axum::Router;
 use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use resumable_runner::RunnerConfig;
+use tokio::sync::watch;
 
 pub use auth::{ApiKeyConfig, ApiKeys, ApiKeysConfig, Caller, Role};
 pub use error::ApiError;
@@ -34,6 +35,15 @@ pub struct AppState {
     pub automations: Automations,
     /// Who may call.
     pub keys: ApiKeys,
+    /// Becomes `true` when the server shuts down; live event streams end then.
+    pub shutting_down: watch::Receiver<bool>,
+}
+
+impl AppState {
+    /// State for a server that is never shut down (tests, embedding without graceful shutdown).
+    pub fn new(automations: Automations, keys: ApiKeys) -> AppState {
+        AppState { automations, keys, shutting_down: watch::channel(false).1 }
+    }
 }
 
 /// The `/v1` API (and `/healthz`) over `state`.
@@ -47,6 +57,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/automations/{id}/cancel", post(routes::cancel))
         .route("/v1/approvals", get(routes::approvals))
         .fallback(routes::fallback)
+        .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(body::MAX_BODY_BYTES))
         .with_state(state)
 }
@@ -127,7 +138,13 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()> + Se
     tracing::info!(listen = %local, keys = keys.len(), demo = config.demo, "serving the approval API");
     // Scripts and tests read this line to find the port.
     println!("listening on http://{local}");
-    let state = AppState { automations: service.automations.clone(), keys };
+    let (stop, shutting_down) = watch::channel(false);
+    let state = AppState { automations: service.automations.clone(), keys, shutting_down };
+    let shutdown = async move {
+        shutdown.await;
+        // Live event streams end now, so the requests in flight can finish.
+        let _ = stop.send(true);
+    };
     axum::serve(listener, router(state))
         .with_graceful_shutdown(shutdown)
         .await

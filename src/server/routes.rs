@@ -90,12 +90,17 @@ pub async fn events(
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(format!("invalid query: {}", e.body_text())))?;
     let reader = state.automations.events(&caller.tenant, &automation_id(&id)?, query.from).await?;
-    let lines = stream::unfold(reader, |mut reader| async move {
-        match reader.next().await? {
+    let lines = stream::unfold((reader, state.shutting_down), |(mut reader, mut stop)| async move {
+        let next = tokio::select! {
+            next = reader.next() => next?,
+            // A dropped sender (no graceful shutdown) disables this branch.
+            Ok(_) = stop.wait_for(|stopping| *stopping) => return None,
+        };
+        match next {
             Ok((index, event)) => {
                 let mut line = json!({ "index": index, "event": event }).to_string();
                 line.push('\n');
-                Some((Ok::<_, std::io::Error>(line), reader))
+                Some((Ok::<_, std::io::Error>(line), (reader, stop)))
             }
             Err(e) => {
                 tracing::warn!(error = %e, "event stream ended early");
@@ -146,4 +151,9 @@ pub async fn health() -> Json<Value> {
 /// Any other path.
 pub async fn fallback() -> ApiError {
     ApiError::not_found("no such endpoint")
+}
+
+/// A known path with another method.
+pub async fn method_not_allowed() -> ApiError {
+    ApiError::new(StatusCode::METHOD_NOT_ALLOWED, "METHOD_NOT_ALLOWED", "this endpoint does not take this method")
 }

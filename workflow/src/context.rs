@@ -354,6 +354,7 @@ impl WorkflowContext {
                 };
                 match store.create_run(run).await {
                     Ok(created) => Ok(created.run_id),
+                    Err(crate::StoreError::LeaseLost { .. }) => Err(StepError::fatal("this run has ended")),
                     Err(e) => Err(StepError::retryable(format!("could not start the child run: {e}"))),
                 }
             })

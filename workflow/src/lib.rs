@@ -44,6 +44,8 @@ mod run;
 mod step;
 pub mod store;
 mod stream;
+#[doc(hidden)]
+pub mod testing;
 mod time;
 mod worker;
 
@@ -59,5 +61,6 @@ pub use run::{RunCursor, RunFilter, RunInfo, RunPage, RunStatus, StartOptions};
 pub use step::{RetryPolicy, StepContext};
 pub use store::HookPayload;
 pub use store::Store;
+pub use store::postgres::{PgStore, PgStoreOptions};
 pub use store::sqlite::{SqliteStore, SqliteStoreOptions};
 pub use stream::StreamReader;

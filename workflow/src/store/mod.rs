@@ -6,11 +6,13 @@
 //! (with [`StoreError::LeaseLost`]) unless the run is still `running` under that lease attempt.
 //! Uniqueness (idempotency keys, active hook tokens) is enforced by database constraints.
 
+pub mod postgres;
 pub mod sqlite;
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
@@ -252,6 +254,30 @@ pub enum RunOutcome {
     Failed(String),
 }
 
+/// Opens the store at `url`, choosing the backend by the URL's scheme: `postgres://` or
+/// `postgresql://` opens a [`postgres::PgStore`], `sqlite:` a [`sqlite::SqliteStore`], each with
+/// default options and migrated. Any other scheme is a [`StoreError::Database`] naming the accepted
+/// ones (the URL itself, which may hold a password, is not repeated).
+pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    let scheme = url.split_once(':').map(|(scheme, _)| scheme.to_ascii_lowercase());
+    match scheme.as_deref() {
+        Some("postgres" | "postgresql") => Ok(Arc::new(postgres::PgStore::open(url).await?)),
+        Some("sqlite") => Ok(Arc::new(sqlite::SqliteStore::open(url).await?)),
+        // Only a well-formed scheme of a `scheme://` URL is named; anything else may be a secret.
+        Some(scheme)
+            if url[scheme.len()..].starts_with("://")
+                && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
+        {
+            Err(StoreError::Database(format!(
+                "unsupported store URL scheme {scheme:?}: expected postgres://, postgresql:// or sqlite:"
+            )))
+        }
+        _ => Err(StoreError::Database(
+            "unsupported store URL: expected postgres://, postgresql:// or sqlite:".to_owned(),
+        )),
+    }
+}
+
 /// The storage backend of the engine.
 ///
 /// All methods are safe to call concurrently, from many engines and processes sharing a database.
@@ -265,7 +291,8 @@ pub trait Store: Send + Sync + 'static {
     }
 
     /// Creates a pending run (event `run_created`). With an idempotency key that a run already has,
-    /// returns that run with `created = false`, decided by a unique constraint.
+    /// returns that run with `created = false`, decided by a unique constraint. A child run whose
+    /// parent has ended is refused with [`StoreError::LeaseLost`] naming the parent.
     fn create_run(&self, run: NewRun) -> BoxFuture<'_, Result<CreatedRun, StoreError>>;
 
     /// Reads one run.

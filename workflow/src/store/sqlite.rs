@@ -427,6 +427,17 @@ impl Store for SqliteStore {
             let now = now_ms();
             let id = RunId::generate();
             let mut tx = self.begin().await?;
+            if let Some(parent) = &run.parent_run_id {
+                // A child of a run that has ended would run orphaned (writers are serialized here).
+                let status: Option<String> = sqlx::query_scalar("SELECT status FROM runs WHERE id = ?")
+                    .bind(parent.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await
+                    .map_err(db)?;
+                if !matches!(status.as_deref(), Some("pending" | "running" | "waiting")) {
+                    return Err(StoreError::LeaseLost { run_id: parent.clone() });
+                }
+            }
             let inserted = sqlx::query(
                 "INSERT INTO runs (id, workflow, input, status, idempotency_key, parent_run_id, created_at, updated_at)
                  VALUES (?, ?, ?, 'pending', ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING",

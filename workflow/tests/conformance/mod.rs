@@ -53,6 +53,7 @@ macro_rules! conformance_suite {
             now_and_random_are_the_same_on_every_replay,
             child_run_result_is_awaited_durably,
             cancelling_a_parent_cancels_its_child,
+            a_child_of_an_ended_run_is_refused,
             list_runs_filters_and_pages_newest_first
         );
     };

@@ -189,14 +189,39 @@ pub async fn cancelling_a_parent_cancels_its_child(backend: &impl Backend) {
     assert!(out["error"].as_str().unwrap().contains("cancelled"), "{out}");
 }
 
+pub async fn a_child_of_an_ended_run_is_refused(backend: &impl Backend) {
+    use resumable_workflow::StoreError;
+    use resumable_workflow::store::NewRun;
+    let store = backend.open("db").await;
+    let new = |parent: Option<RunId>| NewRun {
+        workflow: "w".into(),
+        input: json!(null),
+        idempotency_key: None,
+        parent_run_id: parent,
+    };
+    let parent = store.create_run(new(None)).await.unwrap().run_id;
+    let child = store.create_run(new(Some(parent.clone()))).await.unwrap().run_id;
+    assert_eq!(store.get_run(&child).await.unwrap().unwrap().parent_run_id, Some(parent.clone()));
+    store.cancel_run(&parent, "stop").await.unwrap();
+    assert_eq!(store.get_run(&child).await.unwrap().unwrap().status, RunStatus::Cancelled, "cancel cascades");
+    let refused = store.create_run(new(Some(parent.clone()))).await;
+    assert_eq!(refused, Err(StoreError::LeaseLost { run_id: parent }));
+}
+
 pub async fn list_runs_filters_and_pages_newest_first(backend: &impl Backend) {
-    let engine = race_engine(backend.open("db").await);
+    // Runs that wait on a hook and nothing else: no timer moves them while they are listed.
+    let engine = Engine::builder(backend.open("db").await)
+        .register("hold", |ctx: WorkflowContext, input: Value| async move {
+            let token = input["token"].as_str().unwrap_or_default().to_owned();
+            ctx.hook(&token, json!({})).await?.next().await
+        })
+        .build();
     let mut waiting_ids = Vec::new();
     for i in 0..5 {
-        let input = json!({ "token": format!("list-{i}"), "linger": true });
-        waiting_ids.push(engine.start("race", input, StartOptions::default()).await.unwrap());
+        let input = json!({ "token": format!("list-{i}") });
+        waiting_ids.push(engine.start("hold", input, StartOptions::default()).await.unwrap());
     }
-    let done = engine.start("race", json!({ "token": "list-done" }), StartOptions::default()).await.unwrap();
+    let done = engine.start("hold", json!({ "token": "list-done" }), StartOptions::default()).await.unwrap();
     waiting(&engine, &done).await;
     engine.resume_hook("list-done", json!(1)).await.unwrap();
     finished(&engine, &done).await;
@@ -204,7 +229,7 @@ pub async fn list_runs_filters_and_pages_newest_first(backend: &impl Backend) {
         engine.wait_until(id, WAIT, |r| r.status == RunStatus::Waiting).await.unwrap();
     }
 
-    let all = engine.list_runs(&RunFilter::default().workflow("race")).await.unwrap();
+    let all = engine.list_runs(&RunFilter::default().workflow("hold")).await.unwrap();
     assert_eq!(all.runs.len(), 6);
     assert_eq!(all.next_cursor, None);
     assert!(all.runs.windows(2).all(|w| w[0].created_at >= w[1].created_at), "newest first");

@@ -1,0 +1,127 @@
+//! Benchmark of approval-gated automations end to end: submit a refund script, wait until it
+//! asks for approval, approve it, wait until it completed, for many automations at once.
+//!
+//! `cargo run --release --example bench_approvals [-- --db URL] [--count N] [--concurrency C]`
+//! prints one JSON object: approvals per second over the whole batch, and the per-automation
+//! latency of submit → pending and decide → completed (`{n, min, median, p99, max}` in ms).
+//! The default database is a fresh SQLite file (WAL, `synchronous=FULL`); pass
+//! `--db postgres://…` for PostgreSQL (its tables are reused; orders are per-run ids).
+//! Scripts run on worker threads here; the server runs them in worker processes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use resumable::automation::{Automations, Decision, DecisionBatch};
+use resumable::db::AppDb;
+use resumable::orders::OrderBook;
+use resumable_workflow::{RunId, RunStatus};
+use serde_json::{Value, json};
+use tokio::sync::Semaphore;
+
+const SCRIPT: &str = "const o = await orders.get(context.context.order);
+return await orders.refund(o.id, 100);";
+
+fn arg(name: &str) -> Option<String> {
+    let args: Vec<String> = std::env::args().collect();
+    args.iter().position(|a| a == name).and_then(|i| args.get(i + 1).cloned())
+}
+
+fn stats(mut xs: Vec<f64>) -> Value {
+    xs.sort_by(f64::total_cmp);
+    let n = xs.len();
+    if n == 0 {
+        return json!({ "n": 0 });
+    }
+    let at = |q: f64| xs[((n as f64 - 1.0) * q).round() as usize];
+    let r = |x: f64| (x * 1000.0).round() / 1000.0;
+    json!({ "n": n, "min": r(xs[0]), "median": r(at(0.5)), "p99": r(at(0.99)), "max": r(xs[n - 1]) })
+}
+
+/// Polls until `done` holds for the automation's view.
+async fn until(
+    automations: &Automations,
+    id: &RunId,
+    done: impl Fn(&resumable::automation::AutomationView) -> bool,
+) -> resumable::automation::AutomationView {
+    loop {
+        let view = automations.get("bench", id).await.expect("read the automation");
+        if done(&view) {
+            return view;
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let count: usize = arg("--count").and_then(|c| c.parse().ok()).unwrap_or(500);
+    let concurrency: usize = arg("--concurrency").and_then(|c| c.parse().ok()).unwrap_or(64);
+    let dir = std::env::temp_dir().join(format!("resumable-bench-approvals-{}", std::process::id()));
+    std::fs::create_dir_all(&dir)?;
+    let url = arg("--db").unwrap_or_else(|| format!("sqlite://{}", dir.join("bench.db").display()));
+    let store = resumable_workflow::store::open(&url).await?;
+    let db = AppDb::open(&url).await?;
+    let orders = OrderBook::new(db.clone());
+    let batch = format!("{:x}", std::process::id());
+    for i in 0..count {
+        orders.add_order("bench", &format!("{batch}-{i}"), "customer", 10_000, "delivered").await?;
+    }
+    let host = orders.clone();
+    let automations = Automations::builder(store, db, &[5u8; 32])
+        .host(move |tenant| host.host_functions(tenant))
+        .engine(|e| e.workers(16))
+        .build()?;
+
+    let gate = Arc::new(Semaphore::new(concurrency));
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..count)
+        .map(|i| {
+            let (automations, gate, order) = (automations.clone(), Arc::clone(&gate), format!("{batch}-{i}"));
+            tokio::spawn(async move {
+                let _permit = gate.acquire().await.expect("semaphore open");
+                let t0 = Instant::now();
+                let id = automations.submit("bench", SCRIPT, json!({ "order": order }), "bench", None).await?;
+                let view = until(&automations, &id, |v| v.pending.is_some() || v.status.is_terminal()).await;
+                let asked = t0.elapsed().as_secs_f64() * 1000.0;
+                let pending = view.pending.ok_or("the script did not ask for approval")?;
+                let decisions = pending
+                    .requests
+                    .iter()
+                    .map(|r| Decision { interruption_id: r.interruption_id.clone(), approved: true, reason: None })
+                    .collect();
+                let t1 = Instant::now();
+                automations.decide("bench", &id, DecisionBatch { decisions, actor: "bench".into() }).await?;
+                let view = until(&automations, &id, |v| v.status.is_terminal()).await;
+                if view.status != RunStatus::Completed {
+                    return Err(format!("automation ended {}: {:?}", view.status, view.error).into());
+                }
+                Ok::<_, Box<dyn std::error::Error + Send + Sync>>((asked, t1.elapsed().as_secs_f64() * 1000.0))
+            })
+        })
+        .collect();
+    let (mut asked, mut decided) = (Vec::new(), Vec::new());
+    for t in tasks {
+        let (a, d) = t.await?.map_err(|e| e.to_string())?;
+        asked.push(a);
+        decided.push(d);
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    let refunds = orders.refunds("bench").await?.iter().filter(|(id, _)| id.starts_with(&batch)).count();
+    let backend = if url.starts_with("postgres") { "postgres" } else { "sqlite" };
+    println!(
+        "{}",
+        json!({
+            "backend": backend,
+            "automations": count,
+            "concurrency": concurrency,
+            "approvals_per_s": (count as f64 / elapsed).round(),
+            "total_s": (elapsed * 1000.0).round() / 1000.0,
+            "submit_to_pending_ms": stats(asked),
+            "decide_to_completed_ms": stats(decided),
+            "refunds": refunds,
+        })
+    );
+    automations.engine().shutdown().await;
+    let _ = std::fs::remove_dir_all(dir);
+    Ok(())
+}

@@ -1,0 +1,539 @@
+//! Support for the end-to-end HTTP tests: a real `resumable serve --demo` process per test (killed
+//! when its guard drops), a minimal HTTP/1.1 client over a tokio `TcpStream` (one request per
+//! connection; `Content-Length`, chunked and read-to-close bodies; NDJSON event streams read line
+//! by line as they arrive), and read access to the server's SQLite database to count effects.
+
+use std::fs::File;
+use std::io::{BufRead, BufReader as StdBufReader};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use serde_json::Value;
+use sqlx::Connection;
+use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::net::TcpStream;
+
+/// How long anything may take before a test gives up: generous, the machine is small and busy.
+pub const WAIT: Duration = Duration::from_secs(60);
+
+/// A fresh directory under the system's temp directory, removed on drop.
+#[derive(Debug)]
+pub struct TempDir(PathBuf);
+
+impl TempDir {
+    /// Creates the directory, named `resumable-http-<name>-<random>`.
+    pub fn new(name: &str) -> TempDir {
+        let mut bytes = [0u8; 8];
+        getrandom::fill(&mut bytes).expect("random bytes");
+        let suffix: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+        let dir = std::env::temp_dir().join(format!("resumable-http-{name}-{suffix}"));
+        std::fs::create_dir_all(&dir).expect("the temp directory is created");
+        TempDir(dir)
+    }
+
+    /// Its path.
+    pub fn path(&self) -> &Path {
+        &self.0
+    }
+
+    /// The database URL of the server's SQLite file in this directory.
+    pub fn db_url(&self) -> String {
+        format!("sqlite://{}", self.db_path().display())
+    }
+
+    /// The server's SQLite file.
+    pub fn db_path(&self) -> PathBuf {
+        self.0.join("db.sqlite")
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A running `resumable serve` process; SIGKILLed and reaped on drop.
+#[derive(Debug)]
+pub struct Server {
+    child: Child,
+    addr: SocketAddr,
+    log: PathBuf,
+}
+
+impl Server {
+    /// Starts `resumable serve --demo` on a free port with the database and the secret file in
+    /// `dir`, plus `extra` arguments, and waits for its `listening on http://ADDR` line.
+    pub fn start(dir: &TempDir, extra: &[&str]) -> Server {
+        let n = std::fs::read_dir(dir.path()).map(|d| d.count()).unwrap_or(0);
+        let log = dir.path().join(format!("server-{n}.log"));
+        let stderr = File::create(&log).expect("the log file is created");
+        let secret = dir.path().join("secret");
+        let mut child = Command::new(env!("CARGO_BIN_EXE_resumable"))
+            .args(["serve", "--demo", "--listen", "127.0.0.1:0", "--db", &dir.db_url(), "--secret-file"])
+            .arg(&secret)
+            .args(extra)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(stderr)
+            .spawn()
+            .expect("resumable serve starts");
+        let stdout = child.stdout.take().expect("piped stdout");
+        let (sender, lines) = mpsc::channel();
+        // Drains stdout for the life of the process, so the server never writes to a closed pipe.
+        std::thread::spawn(move || {
+            for line in StdBufReader::new(stdout).lines() {
+                let Ok(line) = line else { break };
+                let _ = sender.send(line);
+            }
+        });
+        let mut server = Server { child, addr: SocketAddr::from(([127, 0, 0, 1], 0)), log };
+        loop {
+            match lines.recv_timeout(WAIT) {
+                Ok(line) => {
+                    if let Some(addr) = line.strip_prefix("listening on http://") {
+                        server.addr = addr.trim().parse().expect("the address parses");
+                        return server;
+                    }
+                }
+                Err(e) => panic!("the server did not say where it listens ({e}); its log:\n{}", server.log_text()),
+            }
+        }
+    }
+
+    /// A client of this server presenting `key` (or no key).
+    pub fn client(&self, key: Option<&str>) -> Client {
+        Client { addr: self.addr, key: key.map(str::to_owned) }
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// SIGKILLs the process (no graceful shutdown) and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    /// Sends SIGTERM (graceful shutdown) and waits up to `within` for the process to exit; its
+    /// exit status, or `None` if it is still running then.
+    pub async fn terminate(&mut self, within: Duration) -> Option<ExitStatus> {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("a pid");
+        // SAFETY: kill(2) on our own child, which has not been reaped yet (we hold its `Child`).
+        unsafe { libc::kill(pid, libc::SIGTERM) };
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                return Some(status);
+            }
+            if tokio::time::Instant::now() >= deadline {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// What the server logged on stderr so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// A complete HTTP response.
+#[derive(Clone, Debug)]
+pub struct Response {
+    /// The status code.
+    pub status: u16,
+    /// The headers, names in lower case.
+    pub headers: Vec<(String, String)>,
+    /// The decoded body.
+    pub body: Vec<u8>,
+}
+
+impl Response {
+    /// The first header called `name` (lower case).
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.as_str())
+    }
+
+    /// The body as text.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.body).into_owned()
+    }
+
+    /// The body as JSON; panics with the body if it is not.
+    pub fn json(&self) -> Value {
+        serde_json::from_slice(&self.body)
+            .unwrap_or_else(|e| panic!("status {}: body is not JSON ({e}): {:?}", self.status, self.text()))
+    }
+}
+
+/// How a response body is delimited.
+#[derive(Clone, Copy, Debug)]
+enum Framing {
+    Length(usize),
+    Chunked,
+    UntilClose,
+}
+
+/// A response body being read from its connection.
+struct Body {
+    reader: BufReader<TcpStream>,
+    framing: Framing,
+    done: bool,
+}
+
+fn invalid(message: impl Into<String>) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, message.into())
+}
+
+impl Body {
+    async fn line(&mut self) -> std::io::Result<String> {
+        let mut line = String::new();
+        if self.reader.read_line(&mut line).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        Ok(line.trim_end_matches(['\r', '\n']).to_owned())
+    }
+
+    /// The next piece of the body as sent (one chunk of a chunked body), `None` at its end.
+    async fn chunk(&mut self) -> std::io::Result<Option<Vec<u8>>> {
+        if self.done {
+            return Ok(None);
+        }
+        match self.framing {
+            Framing::Length(n) => {
+                self.done = true;
+                let mut buf = vec![0; n];
+                self.reader.read_exact(&mut buf).await?;
+                Ok(Some(buf))
+            }
+            Framing::UntilClose => {
+                self.done = true;
+                let mut buf = Vec::new();
+                self.reader.read_to_end(&mut buf).await?;
+                Ok(Some(buf))
+            }
+            Framing::Chunked => {
+                let size_line = self.line().await?;
+                let hex = size_line.split(';').next().unwrap_or_default().trim();
+                let size = usize::from_str_radix(hex, 16).map_err(|_| invalid(format!("chunk size {size_line:?}")))?;
+                if size == 0 {
+                    // Trailers, then the empty line that ends the message.
+                    while !self.line().await?.is_empty() {}
+                    self.done = true;
+                    return Ok(None);
+                }
+                let mut buf = vec![0; size + 2];
+                self.reader.read_exact(&mut buf).await?;
+                if !buf.ends_with(b"\r\n") {
+                    return Err(invalid("a chunk does not end with CRLF"));
+                }
+                buf.truncate(size);
+                Ok(Some(buf))
+            }
+        }
+    }
+}
+
+/// A client of one server: each request on a new connection (`Connection: close`).
+#[derive(Clone, Debug)]
+pub struct Client {
+    addr: SocketAddr,
+    key: Option<String>,
+}
+
+impl Client {
+    /// `GET path`.
+    pub async fn get(&self, path: &str) -> Response {
+        self.request("GET", path, None).await
+    }
+
+    /// `POST path` with `body` as JSON.
+    pub async fn post(&self, path: &str, body: &Value) -> Response {
+        self.request("POST", path, Some(body.to_string().as_bytes())).await
+    }
+
+    /// `POST path` with these exact body bytes (declared as JSON).
+    pub async fn post_raw(&self, path: &str, body: &[u8]) -> Response {
+        self.request("POST", path, Some(body)).await
+    }
+
+    /// `method path` with an optional body; the whole response. Panics on a transport error or
+    /// after [`WAIT`].
+    pub async fn request(&self, method: &str, path: &str, body: Option<&[u8]>) -> Response {
+        let exchange = async {
+            let (status, headers, mut body) = self.open(method, path, body).await?;
+            let mut bytes = Vec::new();
+            while let Some(chunk) = body.chunk().await? {
+                bytes.extend_from_slice(&chunk);
+            }
+            Ok::<_, std::io::Error>(Response { status, headers, body: bytes })
+        };
+        match tokio::time::timeout(WAIT, exchange).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(e)) => panic!("{method} {path}: {e}"),
+            Err(_) => panic!("{method} {path}: no complete response within {WAIT:?}"),
+        }
+    }
+
+    /// `GET path` whose body is read line by line as it arrives (NDJSON). The response's
+    /// `body` is empty; read the lines from the [`Lines`].
+    pub async fn stream(&self, path: &str) -> (Response, Lines) {
+        let (status, headers, body) = match tokio::time::timeout(WAIT, self.open("GET", path, None)).await {
+            Ok(Ok(head)) => head,
+            Ok(Err(e)) => panic!("GET {path}: {e}"),
+            Err(_) => panic!("GET {path}: no response head within {WAIT:?}"),
+        };
+        (Response { status, headers, body: Vec::new() }, Lines { body, pending: Vec::new() })
+    }
+
+    /// Connects and sends all of `method path` but its last byte: [`Prepared::send`] completes
+    /// it, so that many prepared requests reach the server at (almost) the same instant.
+    pub async fn prepare(&self, method: &str, path: &str, body: Option<&[u8]>) -> Prepared {
+        let mut bytes = self.request_bytes(method, path, body);
+        let last = bytes.pop().expect("a request is never empty");
+        let connect = async {
+            let mut stream = TcpStream::connect(self.addr).await?;
+            stream.write_all(&bytes).await?;
+            Ok::<_, std::io::Error>(stream)
+        };
+        match tokio::time::timeout(WAIT, connect).await {
+            Ok(Ok(stream)) => Prepared { stream, last, method: method.to_owned(), path: path.to_owned() },
+            Ok(Err(e)) => panic!("{method} {path}: {e}"),
+            Err(_) => panic!("{method} {path}: cannot connect within {WAIT:?}"),
+        }
+    }
+
+    fn request_bytes(&self, method: &str, path: &str, body: Option<&[u8]>) -> Vec<u8> {
+        let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n", self.addr);
+        if let Some(key) = &self.key {
+            head.push_str(&format!("Authorization: Bearer {key}\r\n"));
+        }
+        if let Some(body) = body {
+            head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()));
+        }
+        head.push_str("\r\n");
+        let mut bytes = head.into_bytes();
+        bytes.extend_from_slice(body.unwrap_or_default());
+        bytes
+    }
+
+    async fn open(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&[u8]>,
+    ) -> std::io::Result<(u16, Vec<(String, String)>, Body)> {
+        let mut stream = TcpStream::connect(self.addr).await?;
+        let sent = stream.write_all(&self.request_bytes(method, path, body)).await;
+        read_response(stream, method, sent).await
+    }
+}
+
+/// A request sent but for its last byte; see [`Client::prepare`].
+#[derive(Debug)]
+pub struct Prepared {
+    stream: TcpStream,
+    last: u8,
+    method: String,
+    path: String,
+}
+
+impl Prepared {
+    /// Sends the last byte and reads the whole response.
+    pub async fn send(mut self) -> Response {
+        let (method, path) = (self.method.clone(), self.path.clone());
+        let exchange = async {
+            let sent = self.stream.write_all(&[self.last]).await;
+            let (status, headers, mut body) = read_response(self.stream, &method, sent).await?;
+            let mut bytes = Vec::new();
+            while let Some(chunk) = body.chunk().await? {
+                bytes.extend_from_slice(&chunk);
+            }
+            Ok::<_, std::io::Error>(Response { status, headers, body: bytes })
+        };
+        match tokio::time::timeout(WAIT, exchange).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(e)) => panic!("{method} {path}: {e}"),
+            Err(_) => panic!("{method} {path}: no complete response within {WAIT:?}"),
+        }
+    }
+}
+
+/// Reads the response head on `stream` after a request was written (or failed to be: a server
+/// may answer 413 and close before reading all of a large body, so the answer is read even then
+/// and the write error reported only when there is none).
+async fn read_response(
+    stream: TcpStream,
+    method: &str,
+    sent: std::io::Result<()>,
+) -> std::io::Result<(u16, Vec<(String, String)>, Body)> {
+    let mut reader = BufReader::new(stream);
+    let (status, headers) = match (read_head(&mut reader).await, sent) {
+        (Ok(head), _) => head,
+        (Err(_), Err(write_error)) => return Err(write_error),
+        (Err(read_error), Ok(())) => return Err(read_error),
+    };
+    let header = |name: &str| headers.iter().find(|(n, _)| n == name).map(|(_, v)| v.to_ascii_lowercase());
+    let framing = if header("transfer-encoding").is_some_and(|v| v.contains("chunked")) {
+        Framing::Chunked
+    } else if let Some(length) = header("content-length") {
+        Framing::Length(length.trim().parse().map_err(|_| invalid(format!("content-length {length:?}")))?)
+    } else if method == "HEAD" || status == 204 || status == 304 {
+        Framing::Length(0)
+    } else {
+        Framing::UntilClose
+    };
+    Ok((status, headers, Body { reader, framing, done: false }))
+}
+
+async fn read_head(reader: &mut BufReader<TcpStream>) -> std::io::Result<(u16, Vec<(String, String)>)> {
+    loop {
+        let mut status_line = String::new();
+        if reader.read_line(&mut status_line).await? == 0 {
+            return Err(std::io::ErrorKind::UnexpectedEof.into());
+        }
+        let mut parts = status_line.split_whitespace();
+        let (Some(version), Some(code)) = (parts.next(), parts.next()) else {
+            return Err(invalid(format!("status line {status_line:?}")));
+        };
+        if !version.starts_with("HTTP/1.") {
+            return Err(invalid(format!("status line {status_line:?}")));
+        }
+        let status: u16 = code.parse().map_err(|_| invalid(format!("status line {status_line:?}")))?;
+        let mut headers = Vec::new();
+        loop {
+            let mut line = String::new();
+            if reader.read_line(&mut line).await? == 0 {
+                return Err(std::io::ErrorKind::UnexpectedEof.into());
+            }
+            let line = line.trim_end_matches(['\r', '\n']);
+            if line.is_empty() {
+                break;
+            }
+            let (name, value) = line.split_once(':').ok_or_else(|| invalid(format!("header {line:?}")))?;
+            headers.push((name.trim().to_ascii_lowercase(), value.trim().to_owned()));
+        }
+        // 1xx answers are followed by the real one.
+        if !(100..200).contains(&status) {
+            return Ok((status, headers));
+        }
+    }
+}
+
+/// The lines of a streamed response body.
+pub struct Lines {
+    body: Body,
+    pending: Vec<u8>,
+}
+
+impl Lines {
+    /// The next line (without its newline), waiting for it; `None` once the body has ended.
+    /// Panics on a transport error or after [`WAIT`].
+    pub async fn next_line(&mut self) -> Option<String> {
+        match tokio::time::timeout(WAIT, self.read_line()).await {
+            Ok(Ok(line)) => line,
+            Ok(Err(e)) => panic!("reading the stream: {e}"),
+            Err(_) => panic!("no line and no end of the stream within {WAIT:?}"),
+        }
+    }
+
+    /// The next line parsed as JSON; `None` once the body has ended.
+    pub async fn next_json(&mut self) -> Option<Value> {
+        let line = self.next_line().await?;
+        Some(serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line:?}")))
+    }
+
+    /// Every remaining line, parsed as JSON, until the body ends.
+    pub async fn rest(&mut self) -> Vec<Value> {
+        let mut all = Vec::new();
+        while let Some(v) = self.next_json().await {
+            all.push(v);
+        }
+        all
+    }
+
+    async fn read_line(&mut self) -> std::io::Result<Option<String>> {
+        loop {
+            if let Some(at) = self.pending.iter().position(|&b| b == b'\n') {
+                let line: Vec<u8> = self.pending.drain(..=at).collect();
+                return Ok(Some(String::from_utf8_lossy(&line[..at]).into_owned()));
+            }
+            match self.body.chunk().await? {
+                Some(chunk) => self.pending.extend_from_slice(&chunk),
+                None if self.pending.is_empty() => return Ok(None),
+                None => return Ok(Some(String::from_utf8_lossy(&std::mem::take(&mut self.pending)).into_owned())),
+            }
+        }
+    }
+}
+
+/// Read access to the server's SQLite database (WAL: readers do not block the server).
+pub struct Db {
+    path: PathBuf,
+}
+
+impl Db {
+    /// The database of the server started in `dir`.
+    pub fn of(dir: &TempDir) -> Db {
+        Db { path: dir.db_path() }
+    }
+
+    async fn connect(&self) -> SqliteConnection {
+        let options = SqliteConnectOptions::new().filename(&self.path).busy_timeout(Duration::from_secs(30));
+        SqliteConnection::connect_with(&options).await.expect("the database opens")
+    }
+
+    /// The refunds applied for `tenant`: (order id, amount in cents), in key order.
+    pub async fn refunds(&self, tenant: &str) -> Vec<(String, i64)> {
+        let mut conn = self.connect().await;
+        let rows = sqlx::query_as(
+            "SELECT order_id, amount_cents FROM refunds WHERE tenant = $1 ORDER BY created_at, idempotency_key",
+        )
+        .bind(tenant)
+        .fetch_all(&mut conn)
+        .await
+        .expect("refunds are read");
+        let _ = conn.close().await;
+        rows
+    }
+
+    /// How many times `function` ran live for automation `run_id`.
+    pub async fn host_calls(&self, run_id: &str, function: &str) -> i64 {
+        let mut conn = self.connect().await;
+        let count = sqlx::query_scalar("SELECT COUNT(*) FROM host_calls WHERE run_id = $1 AND function = $2")
+            .bind(run_id)
+            .bind(function)
+            .fetch_one(&mut conn)
+            .await
+            .expect("host calls are counted");
+        let _ = conn.close().await;
+        count
+    }
+
+    /// How much of order `id` of `tenant` was refunded, in cents.
+    pub async fn refunded_cents(&self, tenant: &str, id: &str) -> i64 {
+        let mut conn = self.connect().await;
+        let cents = sqlx::query_scalar("SELECT refunded_cents FROM orders WHERE tenant = $1 AND id = $2")
+            .bind(tenant)
+            .bind(id)
+            .fetch_one(&mut conn)
+            .await
+            .expect("the order is read");
+        let _ = conn.close().await;
+        cents
+    }
+}
