@@ -6,6 +6,8 @@
 //! timeout makes them wait for each other.
 
 use std::str::FromStr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -65,6 +67,10 @@ impl Default for SqliteStoreOptions {
 pub struct SqliteStore {
     writer: SqlitePool,
     reader: SqlitePool,
+    /// Commits fsync (`synchronous = FULL` on a file database).
+    durable: bool,
+    /// The writer connection runs at `synchronous = NORMAL` (see [`SqliteStore::begin_relaxed`]).
+    relaxed: Arc<AtomicBool>,
 }
 
 fn db(e: sqlx::Error) -> StoreError {
@@ -136,7 +142,8 @@ impl SqliteStore {
                 .await
                 .map_err(db)?
         };
-        Ok(SqliteStore { writer, reader })
+        let durable = options.synchronous == Synchronous::Full && !in_memory;
+        Ok(SqliteStore { writer, reader, durable, relaxed: Arc::new(AtomicBool::new(false)) })
     }
 
     /// Closes the connections; pending operations finish first.
@@ -145,8 +152,27 @@ impl SqliteStore {
         self.writer.close().await;
     }
 
+    /// A write transaction whose commit is durable (fsynced when so configured).
     async fn begin(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
-        self.writer.begin_with("BEGIN IMMEDIATE").await.map_err(db)
+        let mut conn = self.writer.acquire().await.map_err(db)?;
+        if self.relaxed.load(Ordering::Acquire) {
+            sqlx::query("PRAGMA synchronous = FULL").execute(&mut *conn).await.map_err(db)?;
+            self.relaxed.store(false, Ordering::Release);
+        }
+        Transaction::begin(conn, Some("BEGIN IMMEDIATE".into())).await.map_err(db)
+    }
+
+    /// A write transaction committed without its own fsync: in WAL mode its commit survives a
+    /// crash of the process at once and a power loss once any later commit fsyncs the log. Used
+    /// for a step's start record, which only counts attempts; the step's end is durable.
+    async fn begin_relaxed(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
+        let mut conn = self.writer.acquire().await.map_err(db)?;
+        if self.durable && !self.relaxed.load(Ordering::Acquire) {
+            // Flag first: if this is cancelled midway, the next `begin` restores FULL.
+            self.relaxed.store(true, Ordering::Release);
+            sqlx::query("PRAGMA synchronous = NORMAL").execute(&mut *conn).await.map_err(db)?;
+        }
+        Transaction::begin(conn, Some("BEGIN IMMEDIATE".into())).await.map_err(db)
     }
 }
 
@@ -204,6 +230,43 @@ async fn check_fence(tx: &mut Transaction<'static, Sqlite>, fence: &Fence) -> Re
     }
 }
 
+/// Checks the fence and takes the run's next event sequence number in one statement; the caller
+/// must append exactly one event with it ([`insert_event`]) before any other event.
+async fn fenced_seq(tx: &mut Transaction<'static, Sqlite>, fence: &Fence, now: Millis) -> Result<i64, StoreError> {
+    let seq: Option<i64> = sqlx::query_scalar(
+        "UPDATE runs SET last_seq = last_seq + 1, updated_at = ?
+         WHERE id = ? AND status = 'running' AND lease_attempt = ? RETURNING last_seq",
+    )
+    .bind(now)
+    .bind(fence.run_id.as_str())
+    .bind(i64::from(fence.attempt))
+    .fetch_optional(&mut **tx)
+    .await
+    .map_err(db)?;
+    seq.ok_or_else(|| StoreError::LeaseLost { run_id: fence.run_id.clone() })
+}
+
+/// Inserts an event under a sequence number taken by [`fenced_seq`] or [`append`].
+async fn insert_event(
+    tx: &mut Transaction<'static, Sqlite>,
+    run_id: &RunId,
+    seq: i64,
+    kind: EventKind,
+    payload: Value,
+    now: Millis,
+) -> Result<(), StoreError> {
+    sqlx::query("INSERT INTO events (run_id, seq, kind, payload, created_at) VALUES (?, ?, ?, ?, ?)")
+        .bind(run_id.as_str())
+        .bind(seq)
+        .bind(kind.as_str())
+        .bind(to_json(&payload))
+        .bind(now)
+        .execute(&mut **tx)
+        .await
+        .map_err(db)?;
+    Ok(())
+}
+
 /// Appends one event to the run's log under the next sequence number, and returns that number.
 async fn append(
     tx: &mut Transaction<'static, Sqlite>,
@@ -219,15 +282,7 @@ async fn append(
             .fetch_one(&mut **tx)
             .await
             .map_err(db)?;
-    sqlx::query("INSERT INTO events (run_id, seq, kind, payload, created_at) VALUES (?, ?, ?, ?, ?)")
-        .bind(run_id.as_str())
-        .bind(seq)
-        .bind(kind.as_str())
-        .bind(to_json(&payload))
-        .bind(now)
-        .execute(&mut **tx)
-        .await
-        .map_err(db)?;
+    insert_event(tx, run_id, seq, kind, payload, now).await?;
     Ok(seq)
 }
 
@@ -646,9 +701,9 @@ impl Store for SqliteStore {
         name: &'a str,
     ) -> BoxFuture<'a, Result<u32, StoreError>> {
         Box::pin(async move {
-            let mut tx = self.begin().await?;
+            let mut tx = self.begin_relaxed().await?;
             let now = now_ms();
-            check_fence(&mut tx, fence).await?;
+            let seq = fenced_seq(&mut tx, fence, now).await?;
             let attempts: Option<i64> = sqlx::query_scalar(
                 "INSERT INTO steps (run_id, position, name, status, attempts, created_at, updated_at)
                  VALUES (?, ?, ?, 'running', 1, ?, ?)
@@ -669,7 +724,7 @@ impl Store for SqliteStore {
                 return Err(StoreError::Corrupt(format!("step at position {position} cannot start another attempt")));
             };
             let payload = json!({ "position": position, "name": name, "attempt": attempt });
-            append(&mut tx, &fence.run_id, EventKind::StepStarted, payload, now).await?;
+            insert_event(&mut tx, &fence.run_id, seq, EventKind::StepStarted, payload, now).await?;
             tx.commit().await.map_err(db)?;
             Ok(attempt)
         })
@@ -684,7 +739,7 @@ impl Store for SqliteStore {
         Box::pin(async move {
             let mut tx = self.begin().await?;
             let now = now_ms();
-            check_fence(&mut tx, fence).await?;
+            let seq = fenced_seq(&mut tx, fence, now).await?;
             let (status, attempt, result, error, retry_at, kind, payload) = match update {
                 StepUpdate::Completed { attempt, result } => {
                     let payload = json!({ "position": position, "attempt": attempt, "result": result });
@@ -720,7 +775,7 @@ impl Store for SqliteStore {
                     "step at position {position} is not running attempt {attempt}"
                 )));
             }
-            append(&mut tx, &fence.run_id, kind, payload, now).await?;
+            insert_event(&mut tx, &fence.run_id, seq, kind, payload, now).await?;
             tx.commit().await.map_err(db)
         })
     }
@@ -735,7 +790,7 @@ impl Store for SqliteStore {
         Box::pin(async move {
             let mut tx = self.begin().await?;
             let now = now_ms();
-            check_fence(&mut tx, fence).await?;
+            let seq = fenced_seq(&mut tx, fence, now).await?;
             // The partial unique index on active tokens decides; no check-then-insert.
             let inserted = sqlx::query(
                 "INSERT INTO hooks (run_id, position, token, metadata, active, created_at) VALUES (?, ?, ?, ?, 1, ?)
@@ -751,7 +806,7 @@ impl Store for SqliteStore {
             .map_err(db)?;
             let creation = if inserted.rows_affected() == 1 {
                 let payload = json!({ "position": position, "metadata": metadata });
-                append(&mut tx, &fence.run_id, EventKind::HookCreated, payload, now).await?;
+                insert_event(&mut tx, &fence.run_id, seq, EventKind::HookCreated, payload, now).await?;
                 HookCreation::Created
             } else {
                 let owner: String = sqlx::query_scalar("SELECT run_id FROM hooks WHERE token = ? AND active = 1")
@@ -773,7 +828,7 @@ impl Store for SqliteStore {
                 .await
                 .map_err(db)?;
                 let payload = json!({ "position": position, "owner_run_id": owner });
-                append(&mut tx, &fence.run_id, EventKind::HookConflict, payload, now).await?;
+                insert_event(&mut tx, &fence.run_id, seq, EventKind::HookConflict, payload, now).await?;
                 HookCreation::Conflict { owner_run_id: RunId::from(owner) }
             };
             tx.commit().await.map_err(db)?;
@@ -816,7 +871,7 @@ impl Store for SqliteStore {
         Box::pin(async move {
             let mut tx = self.begin().await?;
             let now = now_ms();
-            check_fence(&mut tx, fence).await?;
+            let seq = fenced_seq(&mut tx, fence, now).await?;
             sqlx::query(
                 "INSERT INTO waits (run_id, position, due_at, status, created_at) VALUES (?, ?, ?, 'pending', ?)",
             )
@@ -828,7 +883,7 @@ impl Store for SqliteStore {
             .await
             .map_err(db)?;
             let payload = json!({ "position": position, "due_at": due_at });
-            append(&mut tx, &fence.run_id, EventKind::WaitCreated, payload, now).await?;
+            insert_event(&mut tx, &fence.run_id, seq, EventKind::WaitCreated, payload, now).await?;
             tx.commit().await.map_err(db)
         })
     }
@@ -875,7 +930,7 @@ impl Store for SqliteStore {
         Box::pin(async move {
             let mut tx = self.begin().await?;
             let now = now_ms();
-            check_fence(&mut tx, fence).await?;
+            let seq = fenced_seq(&mut tx, fence, now).await?;
             sqlx::query(
                 "INSERT INTO steps (run_id, position, name, status, attempts, result, created_at, updated_at)
                  VALUES (?, ?, ?, 'completed', 1, ?, ?, ?)",
@@ -890,7 +945,7 @@ impl Store for SqliteStore {
             .await
             .map_err(db)?;
             let payload = json!({ "position": position, "name": name, "attempt": 1, "result": result });
-            append(&mut tx, &fence.run_id, EventKind::StepCompleted, payload, now).await?;
+            insert_event(&mut tx, &fence.run_id, seq, EventKind::StepCompleted, payload, now).await?;
             tx.commit().await.map_err(db)
         })
     }
@@ -1070,7 +1125,7 @@ impl Store for SqliteStore {
         Box::pin(async move {
             let mut tx = self.begin().await?;
             let now = now_ms();
-            check_fence(&mut tx, fence).await?;
+            let seq = fenced_seq(&mut tx, fence, now).await?;
             // The next index is computed inside the write transaction; the primary key (run_id, idx)
             // and the unique (run_id, position) reject any duplicate.
             let index: i64 = sqlx::query_scalar(
@@ -1087,7 +1142,7 @@ impl Store for SqliteStore {
             .await
             .map_err(db)?;
             let payload = json!({ "position": position, "index": index });
-            append(&mut tx, &fence.run_id, EventKind::StreamEmitted, payload, now).await?;
+            insert_event(&mut tx, &fence.run_id, seq, EventKind::StreamEmitted, payload, now).await?;
             tx.commit().await.map_err(db)?;
             Ok(index.unsigned_abs())
         })
@@ -1169,6 +1224,25 @@ mod tests {
         assert_eq!(created.run_id, again.run_id);
         let run = store.get_run(&created.run_id).await.unwrap().unwrap();
         assert_eq!((run.status, run.input), (RunStatus::Pending, json!({"a": 1})));
+    }
+
+    #[tokio::test]
+    async fn only_step_starts_skip_the_fsync() {
+        let (dir, url) = temp_url();
+        let store = SqliteStore::open(&url).await.unwrap();
+        let sync =
+            || async { sqlx::query_scalar::<_, i64>("PRAGMA synchronous").fetch_one(&store.writer).await.unwrap() };
+        let new = NewRun { workflow: "w".into(), input: json!(null), idempotency_key: None, parent_run_id: None };
+        store.create_run(new).await.unwrap();
+        let req = ClaimRequest { owner: "o".into(), workflows: vec!["w".into()], lease: Duration::from_secs(30) };
+        let fence = store.claim(&req).await.unwrap().unwrap().fence;
+        assert_eq!(store.start_step(&fence, 0, "s").await.unwrap(), 1);
+        assert_eq!(sync().await, 1, "NORMAL while the start record waits for the next commit");
+        let done = StepUpdate::Completed { attempt: 1, result: json!(1) };
+        store.update_step(&fence, 0, done).await.unwrap();
+        assert_eq!(sync().await, 2, "FULL again for every other commit");
+        store.close().await;
+        let _ = std::fs::remove_dir_all(dir);
     }
 
     #[tokio::test]
