@@ -18,8 +18,10 @@ use resumable_workflow::{RunId, RunStatus};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
-const SCRIPT: &str = "const o = await orders.get(context.context.order);
-return await orders.refund(o.id, 100);";
+/// The script of automation `order` (each its own order, so refunds never collide).
+fn script(order: &str) -> String {
+    format!("const o = await orders.get('{order}');\nreturn await orders.refund(o.id, 100);")
+}
 
 fn arg(name: &str) -> Option<String> {
     let args: Vec<String> = std::env::args().collect();
@@ -37,19 +39,11 @@ fn stats(mut xs: Vec<f64>) -> Value {
     json!({ "n": n, "min": r(xs[0]), "median": r(at(0.5)), "p99": r(at(0.99)), "max": r(xs[n - 1]) })
 }
 
-/// Polls until `done` holds for the automation's view.
-async fn until(
-    automations: &Automations,
-    id: &RunId,
-    done: impl Fn(&resumable::automation::AutomationView) -> bool,
-) -> resumable::automation::AutomationView {
-    loop {
-        let view = automations.get("bench", id).await.expect("read the automation");
-        if done(&view) {
-            return view;
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+/// Waits (on the engine's change notifications) until the automation waits for a decision or ended.
+async fn settled(automations: &Automations, id: &RunId) -> resumable::automation::AutomationView {
+    let live = |r: &resumable_workflow::RunInfo| r.status == RunStatus::Waiting || r.status.is_terminal();
+    automations.engine().wait_until(id, Duration::from_secs(120), live).await.expect("the automation settles");
+    automations.get("bench", id).await.expect("read the automation")
 }
 
 #[tokio::main]
@@ -80,10 +74,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             tokio::spawn(async move {
                 let _permit = gate.acquire().await.expect("semaphore open");
                 let t0 = Instant::now();
-                let id = automations.submit("bench", SCRIPT, json!({ "order": order }), "bench", None).await?;
-                let view = until(&automations, &id, |v| v.pending.is_some() || v.status.is_terminal()).await;
+                let id = automations.submit("bench", &script(&order), Value::Null, "bench", None).await?;
+                let view = settled(&automations, &id).await;
                 let asked = t0.elapsed().as_secs_f64() * 1000.0;
-                let pending = view.pending.ok_or("the script did not ask for approval")?;
+                let pending = view
+                    .pending
+                    .ok_or_else(|| format!("no approval asked: {} {:?}", view.status, view.error))?;
                 let decisions = pending
                     .requests
                     .iter()
@@ -91,7 +87,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                     .collect();
                 let t1 = Instant::now();
                 automations.decide("bench", &id, DecisionBatch { decisions, actor: "bench".into() }).await?;
-                let view = until(&automations, &id, |v| v.status.is_terminal()).await;
+                automations.engine().wait_for(&id, Duration::from_secs(120)).await?;
+                let view = automations.get("bench", &id).await?;
                 if view.status != RunStatus::Completed {
                     return Err(format!("automation ended {}: {:?}", view.status, view.error).into());
                 }

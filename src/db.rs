@@ -72,17 +72,19 @@ impl AppDb {
             DbError("unsupported database URL: use sqlite://PATH or postgres://USER@HOST/DB".to_owned())
         })?;
         install_default_drivers();
+        // SQLite: one connection, so the application's own writes queue here instead of
+        // contending for the file's write lock (whose busy handler sleeps).
         let (url, max) = match backend {
             Backend::Sqlite if url.contains(":memory:") => (url.to_owned(), 1),
-            Backend::Sqlite if url.contains('?') => (url.to_owned(), 4),
-            Backend::Sqlite => (format!("{url}?mode=rwc"), 4),
+            Backend::Sqlite if url.contains('?') => (url.to_owned(), 1),
+            Backend::Sqlite => (format!("{url}?mode=rwc"), 1),
             Backend::Postgres => (url.to_owned(), 8),
         };
         let mut options = AnyPoolOptions::new().max_connections(max);
         if backend == Backend::Sqlite {
             options = options.after_connect(|conn, _meta| {
                 Box::pin(async move {
-                    conn.execute("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 5000; PRAGMA foreign_keys = ON")
+                    conn.execute("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 30000; PRAGMA foreign_keys = ON")
                         .await?;
                     Ok(())
                 })

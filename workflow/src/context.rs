@@ -359,7 +359,7 @@ impl WorkflowContext {
                 }
             })
             .await?;
-        self.inner.shared.wake.notify_waiters();
+        self.inner.shared.wake.notify_one();
         Ok(ChildRun::new(self.clone(), id))
     }
 

@@ -50,7 +50,8 @@ pub(crate) struct Shared {
     pub(crate) registry: Registry,
     pub(crate) options: EngineOptions,
     pub(crate) owner: String,
-    /// Signalled when a run may have become claimable.
+    /// Signalled (one worker at a time) when a run may have become claimable; a worker that
+    /// claims one wakes the next.
     pub(crate) wake: Notify,
     /// Signalled when a run changed state (for waiters).
     pub(crate) changed: Notify,
@@ -158,7 +159,7 @@ async fn forward_wake_signal(
             changed = shutdown.changed() => if changed.is_err() || *shutdown.borrow() { return },
         }
         let Some(shared) = shared.upgrade() else { return };
-        shared.wake.notify_waiters();
+        shared.wake.notify_one();
         shared.changed.notify_waiters();
         shared.streamed.notify_waiters();
     }
@@ -203,7 +204,7 @@ impl Engine {
         };
         let created = self.shared.store.create_run(run).await?;
         if created.created {
-            self.shared.wake.notify_waiters();
+            self.shared.wake.notify_one();
         }
         Ok(created.run_id)
     }
@@ -279,7 +280,7 @@ impl Engine {
     /// [`EngineError::HookNotFound`] when the token is unknown or its hook was disposed.
     pub async fn resume_hook(&self, token: &str, payload: Value) -> Result<ResumeReceipt, EngineError> {
         let receipt = self.shared.store.resume_hook(token, payload).await?;
-        self.shared.wake.notify_waiters();
+        self.shared.wake.notify_one();
         Ok(receipt)
     }
 

@@ -29,6 +29,8 @@ pub(crate) async fn run_worker(shared: Arc<Shared>, mut shutdown: watch::Receive
         woken.as_mut().enable();
         let delay = match shared.store.claim(&request).await {
             Ok(Some(run)) => {
+                // There may be more: let one more idle worker look (wake-ups chain while work lasts).
+                shared.wake.notify_one();
                 let fence = run.fence.clone();
                 tokio::select! {
                     _ = execute(&shared, run) => {}
@@ -88,7 +90,7 @@ async fn execute(shared: &Arc<Shared>, run: ClaimedRun) {
     shared.executing.lock().unwrap_or_else(|p| p.into_inner()).remove(&fence.run_id);
     record(&*shared.store, &fence, outcome).await;
     shared.changed.notify_waiters();
-    shared.wake.notify_waiters();
+    shared.wake.notify_one();
 }
 
 /// Records the outcome of an execution. Failures to record are left to lease expiry: another

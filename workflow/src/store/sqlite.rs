@@ -33,6 +33,9 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (3, "child_runs", include_str!("../../migrations/sqlite/0003_child_runs.sql")),
 ];
 
+/// The page cache of each read connection, in KiB (the writer keeps SQLite's default, 2 MiB).
+const READER_CACHE_KIB: u32 = 512;
+
 /// How hard SQLite works to make a commit durable (`PRAGMA synchronous`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Synchronous {
@@ -125,6 +128,7 @@ impl SqliteStore {
         // One writer connection: in-process writers queue here instead of contending for the lock.
         // An in-memory database lives as long as its only connection, which must never be recycled.
         let writer = SqlitePoolOptions::new()
+            .test_before_acquire(false)
             .max_connections(1)
             .min_connections(1)
             .idle_timeout(None)
@@ -137,8 +141,10 @@ impl SqliteStore {
             writer.clone()
         } else {
             SqlitePoolOptions::new()
+                .test_before_acquire(false)
                 .max_connections(options.read_connections.max(1))
-                .connect_with(base.read_only(true))
+                // A small page cache per reader keeps memory flat however many runs wait.
+                .connect_with(base.read_only(true).pragma("cache_size", format!("-{READER_CACHE_KIB}")))
                 .await
                 .map_err(db)?
         };
@@ -164,7 +170,8 @@ impl SqliteStore {
 
     /// A write transaction committed without its own fsync: in WAL mode its commit survives a
     /// crash of the process at once and a power loss once any later commit fsyncs the log. Used
-    /// for a step's start record, which only counts attempts; the step's end is durable.
+    /// for claims and a step's start record, whose loss only hands a run back or miscounts an
+    /// attempt; everything that follows them commits durably.
     async fn begin_relaxed(&self) -> Result<Transaction<'static, Sqlite>, StoreError> {
         let mut conn = self.writer.acquire().await.map_err(db)?;
         if self.durable && !self.relaxed.load(Ordering::Acquire) {
@@ -620,7 +627,8 @@ impl Store for SqliteStore {
             if candidate.is_none() {
                 return Ok(None);
             }
-            let mut tx = self.begin().await?;
+            // A claim that a power loss undoes only hands the run back; what it leads to commits durably.
+            let mut tx = self.begin_relaxed().await?;
             // The clock is read once the write lock is held, so waiting for it never shortens a lease.
             let now = now_ms();
             let id: Option<String> = sqlx::query_scalar(runnable)
@@ -1227,7 +1235,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn only_step_starts_skip_the_fsync() {
+    async fn claims_and_step_starts_skip_the_fsync() {
         let (dir, url) = temp_url();
         let store = SqliteStore::open(&url).await.unwrap();
         let sync =
