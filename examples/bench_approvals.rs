@@ -77,9 +77,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let id = automations.submit("bench", &script(&order), Value::Null, "bench", None).await?;
                 let view = settled(&automations, &id).await;
                 let asked = t0.elapsed().as_secs_f64() * 1000.0;
-                let pending = view
-                    .pending
-                    .ok_or_else(|| format!("no approval asked: {} {:?}", view.status, view.error))?;
+                let pending =
+                    view.pending.ok_or_else(|| format!("no approval asked: {} {:?}", view.status, view.error))?;
                 let decisions = pending
                     .requests
                     .iter()
