@@ -1,6 +1,6 @@
 //! Benchmark of the durable workflow engine on a SQLite file database.
 //!
-//! `cargo run --release -p resumable-workflow --example bench` prints one JSON object (timed
+//! `cargo run --release -p resumable-workflow --example bench_engine` prints one JSON object (timed
 //! figures as `{n, min, p50, p90, p99, max, mean}` in the unit their key names, percentiles by
 //! nearest rank). Every phase opens
 //! a fresh database file with the default [`SqliteStoreOptions`] (WAL, `synchronous = FULL`) in
