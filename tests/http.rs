@@ -41,9 +41,17 @@ impl Fixture {
         Fixture::start_with(name, None)
     }
 
+    /// Starts on a fresh PostgreSQL schema, or `None` when no test server is configured.
+    fn start_postgres(name: &str) -> Option<Fixture> {
+        Some(Fixture::on(TempDir::postgres(name)?, None))
+    }
+
     /// Starts with `keys` (a keys file's JSON) passed as `--keys`, if given.
     fn start_with(name: &str, keys: Option<&str>) -> Fixture {
-        let dir = TempDir::new(name);
+        Fixture::on(TempDir::new(name), keys)
+    }
+
+    fn on(dir: TempDir, keys: Option<&str>) -> Fixture {
         let keys_file = dir.path().join("keys.json");
         let mut extra = Vec::new();
         if let Some(keys) = keys {
@@ -205,7 +213,17 @@ async fn a_submission_with_an_idempotency_key_starts_one_automation() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approved_refund_happens_once_and_the_read_is_not_repeated() {
-    let f = Fixture::start("approve");
+    approved_refund_scenario(Fixture::start("an_approved_refund_h")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_approved_refund_happens_once_and_the_read_is_not_repeated_on_postgres() {
+    if let Some(f) = Fixture::start_postgres("an_approved_refund_h") {
+        approved_refund_scenario(f).await;
+    }
+}
+
+async fn approved_refund_scenario(f: Fixture) {
     let id = submit(&f.acme, REFUND).await;
     let approval = pending(&f.acme, &id).await;
     assert_eq!((&approval["automationId"], &approval["round"]), (&json!(id), &json!(1)));
@@ -317,7 +335,17 @@ async fn two_rounds_the_first_a_parallel_batch_decided_in_one_request() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_server_killed_while_waiting_is_replaced_and_the_automation_finishes_once() {
-    let mut f = Fixture::start("restart");
+    restart_scenario(Fixture::start("a_server_killed_whil")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_while_waiting_is_replaced_and_the_automation_finishes_once_on_postgres() {
+    if let Some(f) = Fixture::start_postgres("a_server_killed_whil") {
+        restart_scenario(f).await;
+    }
+}
+
+async fn restart_scenario(mut f: Fixture) {
     let id = submit(&f.acme, REFUND).await;
     let approval = pending(&f.acme, &id).await;
     assert_eq!(f.db.host_calls(&id, "orders.get").await, 1);
@@ -409,7 +437,17 @@ async fn the_same_decision_twice_is_a_conflict() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn of_32_concurrent_decisions_exactly_one_is_accepted() {
-    let f = Fixture::start("concurrent");
+    concurrent_decisions_scenario(Fixture::start("of_32_concurrent_dec")).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn of_32_concurrent_decisions_exactly_one_is_accepted_on_postgres() {
+    if let Some(f) = Fixture::start_postgres("of_32_concurrent_dec") {
+        concurrent_decisions_scenario(f).await;
+    }
+}
+
+async fn concurrent_decisions_scenario(f: Fixture) {
     let id = submit(&f.acme, REFUND_THEN_WORK).await;
     let approval = pending(&f.acme, &id).await;
     let path = format!("/v1/automations/{id}/decisions");

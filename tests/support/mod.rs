@@ -1,7 +1,8 @@
 //! Support for the end-to-end HTTP tests: a real `resumable serve --demo` process per test (killed
 //! when its guard drops), a minimal HTTP/1.1 client over a tokio `TcpStream` (one request per
 //! connection; `Content-Length`, chunked and read-to-close bodies; NDJSON event streams read line
-//! by line as they arrive), and read access to the server's SQLite database to count effects.
+//! by line as they arrive), and read access to the server's database (SQLite, or a fresh
+//! PostgreSQL schema when `RESUMABLE_TEST_PG_URL` is set) to count effects.
 
 use std::fs::File;
 use std::io::{BufRead, BufReader as StdBufReader};
@@ -12,48 +13,83 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::Value;
-use sqlx::Connection;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteConnection};
+use sqlx::{AnyConnection, Connection};
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
 /// How long anything may take before a test gives up: generous, the machine is small and busy.
 pub const WAIT: Duration = Duration::from_secs(60);
 
-/// A fresh directory under the system's temp directory, removed on drop.
+/// A fresh directory under the system's temp directory (secret, keys, logs, and the SQLite
+/// database), removed on drop; or, for PostgreSQL, a fresh schema dropped on drop.
 #[derive(Debug)]
-pub struct TempDir(PathBuf);
+pub struct TempDir {
+    path: PathBuf,
+    db_url: String,
+    pg_schema: Option<(String, String)>,
+}
+
+fn random_suffix() -> String {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).expect("random bytes");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Runs `sql` on the PostgreSQL server at `url`, on a runtime of its own (callable from `Drop`).
+fn pg_execute(url: &str, sql: &str) {
+    let (url, sql) = (url.to_owned(), sql.to_owned());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        rt.block_on(async {
+            sqlx::any::install_default_drivers();
+            let mut conn = AnyConnection::connect(&url).await.expect("PostgreSQL answers");
+            sqlx::raw_sql(&sql).execute(&mut conn).await.expect("the statement runs");
+            let _ = conn.close().await;
+        })
+    })
+    .join()
+    .expect("the PostgreSQL thread");
+}
 
 impl TempDir {
-    /// Creates the directory, named `resumable-http-<name>-<random>`.
+    /// Creates the directory, named `resumable-http-<name>-<random>`, for a SQLite database.
     pub fn new(name: &str) -> TempDir {
-        let mut bytes = [0u8; 8];
-        getrandom::fill(&mut bytes).expect("random bytes");
-        let suffix: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        let dir = std::env::temp_dir().join(format!("resumable-http-{name}-{suffix}"));
-        std::fs::create_dir_all(&dir).expect("the temp directory is created");
-        TempDir(dir)
+        let path = std::env::temp_dir().join(format!("resumable-http-{name}-{}", random_suffix()));
+        std::fs::create_dir_all(&path).expect("the temp directory is created");
+        let db_url = format!("sqlite://{}", path.join("db.sqlite").display());
+        TempDir { path, db_url, pg_schema: None }
+    }
+
+    /// A directory plus a fresh PostgreSQL schema, or `None` (after saying so) when no test server
+    /// is configured.
+    pub fn postgres(name: &str) -> Option<TempDir> {
+        let server = resumable_workflow::testing::postgres_url()?;
+        let mut dir = TempDir::new(name);
+        let schema = format!("http_{}_{}", name.replace('-', "_"), random_suffix());
+        pg_execute(&server, &format!("CREATE SCHEMA {schema}"));
+        let sep = if server.contains('?') { '&' } else { '?' };
+        dir.db_url = format!("{server}{sep}options=-c%20search_path%3D{schema}");
+        dir.pg_schema = Some((server, schema));
+        Some(dir)
     }
 
     /// Its path.
     pub fn path(&self) -> &Path {
-        &self.0
+        &self.path
     }
 
-    /// The database URL of the server's SQLite file in this directory.
+    /// The server's database URL.
     pub fn db_url(&self) -> String {
-        format!("sqlite://{}", self.db_path().display())
-    }
-
-    /// The server's SQLite file.
-    pub fn db_path(&self) -> PathBuf {
-        self.0.join("db.sqlite")
+        self.db_url.clone()
     }
 }
 
 impl Drop for TempDir {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        let _ = std::fs::remove_dir_all(&self.path);
+        if let Some((server, schema)) = &self.pg_schema {
+            pg_execute(server, &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+        }
     }
 }
 
@@ -481,20 +517,20 @@ impl Lines {
     }
 }
 
-/// Read access to the server's SQLite database (WAL: readers do not block the server).
+/// Read access to the server's database (WAL on SQLite: readers do not block the server).
 pub struct Db {
-    path: PathBuf,
+    url: String,
 }
 
 impl Db {
     /// The database of the server started in `dir`.
     pub fn of(dir: &TempDir) -> Db {
-        Db { path: dir.db_path() }
+        Db { url: dir.db_url() }
     }
 
-    async fn connect(&self) -> SqliteConnection {
-        let options = SqliteConnectOptions::new().filename(&self.path).busy_timeout(Duration::from_secs(30));
-        SqliteConnection::connect_with(&options).await.expect("the database opens")
+    async fn connect(&self) -> AnyConnection {
+        sqlx::any::install_default_drivers();
+        AnyConnection::connect(&self.url).await.expect("the database opens")
     }
 
     /// The refunds applied for `tenant`: (order id, amount in cents), in key order.

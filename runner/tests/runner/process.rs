@@ -89,8 +89,9 @@ async fn runaway_native_operations_are_killed_at_the_deadline() {
         let err = error(&runner, RunRequest::new(source).limits(timeout_ms(100))).await;
         let elapsed = started.elapsed();
         assert_code(&err, ErrorCode::Timeout);
-        // 100 ms + 30 ms grace, then the kill (measured here: 132-148 ms in a debug build).
-        assert!(elapsed < Duration::from_millis(200), "{source}: {elapsed:?}");
+        // 100 ms + 30 ms grace, then the kill (measured here: 132-148 ms in a debug build, up to
+        // 230 ms on a loaded machine); without the kill such a loop overshoots by minutes.
+        assert!(elapsed < Duration::from_millis(1_000), "{source}: {elapsed:?}");
         assert_eq!(value(&runner, RunRequest::new("return 'fresh worker'")).await, json!("fresh worker"));
     }
 }
