@@ -4,9 +4,10 @@
 //! server at `RESUMABLE_TEST_PG_URL`, one fresh schema per test; skipped with a message when it is
 //! not set, failing under CI) and on a SQLite file shared by all the processes.
 //!
-//! - 4 worker processes complete 1,000 runs of a 5-step workflow: every step body ran exactly once,
-//!   as attempt 1, as a side-effect counter keyed by the step id shows (a second execution would
-//!   count twice), and every run was claimed once (no lease was lost under load).
+//! - 4 worker processes complete 1,000 runs of a 5-step workflow (created before the workers start,
+//!   so that all four compete for them from the first claim): every step body ran exactly once, as
+//!   attempt 1, as a side-effect counter keyed by the step id shows (a second execution would count
+//!   twice), and every run was claimed once (no lease was lost under load).
 //! - 12 processes ask for one hook token at about the same moment: exactly one run creates the
 //!   hook, the 11 others get a conflict naming it.
 //! - A worker process is SIGKILLed inside a step: another worker process takes the run over once
@@ -687,15 +688,16 @@ const PROCESSES: usize = 4;
 
 async fn many_runs_exactly_once(backend: Backend) {
     // SQLite: 1,000 runs are ~12,000 write transactions of the run store serialized across the
-    // processes, plus 5,000 of the effects database; with `synchronous = FULL` each costs an fsync
-    // (~2 ms on the test machine), so this test relaxes it to NORMAL (durable against crashes).
+    // processes, plus 5,000 of the effects database; with `synchronous = FULL` most cost an fsync
+    // (~2 ms on the test machine: the test took ~30 s instead of ~17 s), so this test relaxes it to
+    // NORMAL, durable against process crashes, which is all it needs. The other tests keep FULL.
     let workflows = [FIVE_STEPS.to_owned()];
     let Some(setup) = Setup::new(backend, "runs", &workflows, true).await else { return };
     // A long lease: a busy machine must not make any execution lose its lease (checked below).
     let config = setup.config(&[FIVE_STEPS], 4, Duration::from_secs(10));
 
-    // The runs are created first: with the workers up, every creation's wake-up would send all 16
-    // idle workers claiming at once, which on a small machine multiplies the test's duration.
+    // The runs are created first, so that the 4 processes compete for a full queue from their first
+    // claims, and the creations do not compete with the workers for the small machine's cores.
     let began = Instant::now();
     let starters: Vec<_> = (0..4)
         .map(|_| {
@@ -963,7 +965,8 @@ async fn sqlite_worker_killed_inside_a_step_is_taken_over() {
 // 4. A timer due while every worker is down fires once when a worker comes back.
 // ---------------------------------------------------------------------------------------------
 
-const SLEEP_MS: u64 = 800;
+/// Long enough that the only worker is surely killed before the timer falls due.
+const SLEEP_MS: u64 = 1200;
 /// How long after the due time the workers stay down.
 const DOWN_PAST_DUE_MS: i64 = 300;
 

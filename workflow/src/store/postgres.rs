@@ -234,6 +234,8 @@ impl PgStore {
         }
         let max_connections = options.max_connections.max(1);
         let pool = PgPoolOptions::new()
+            // No ping per checkout: a broken connection fails its statement, which is retried.
+            .test_before_acquire(false)
             .max_connections(max_connections)
             .min_connections(options.min_connections.min(max_connections))
             .acquire_timeout(options.acquire_timeout)
@@ -719,6 +721,9 @@ impl PgStore {
     async fn start_step_tx(&self, fence: &Fence, position: u32, name: &str) -> Tx<u32> {
         let now = now_ms();
         let mut tx = self.begin().await?;
+        // A step's start only counts attempts: its commit need not wait for the WAL flush, and the
+        // step's durable end (WAL is written in order) flushes it anyway.
+        sqlx::query("SET LOCAL synchronous_commit = off").execute(&mut *tx).await?;
         check_fence(&mut tx, fence).await?;
         let attempts: Option<i64> = sqlx::query_scalar(
             "INSERT INTO steps (run_id, position, name, status, attempts, created_at, updated_at)
