@@ -88,6 +88,18 @@ async fn plain_script_completes() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_read_the_context_they_were_submitted_with() {
+    let dir = temp_dir();
+    let s = service(&dir).await;
+    let source = "const c = await automation.context(); return (await orders.get(c.order)).total;";
+    let id = s.automations.submit("acme", source, json!({ "order": "A-1003" }), "tester", None).await.unwrap();
+    let view = settled(&s, &id).await;
+    assert_eq!((view.status, view.result), (RunStatus::Completed, Some(json!(2_500))));
+    drop(s);
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn approved_refund_happens_once_and_reads_are_not_repeated() {
     let dir = temp_dir();
     let s = service(&dir).await;

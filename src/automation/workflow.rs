@@ -73,6 +73,25 @@ fn console_json(outcome_console: &[resumable_runner::ConsoleLine]) -> Vec<Value>
     outcome_console.iter().map(|l| json!({ "level": l.level, "text": l.text })).collect()
 }
 
+/// The tenant's host functions plus `automation.context()`, which returns the JSON the automation
+/// was submitted with (part of the continuation's scope, so every round sees the same value).
+fn with_context(host: HostFunctions, context: &Value) -> Result<HostFunctions, StepError> {
+    let mut builder = HostFunctions::builder();
+    for name in host.names() {
+        let (host, name_owned) = (host.clone(), name.to_owned());
+        builder = builder.function(name, move |ctx, args| host.call(&name_owned, ctx, args));
+    }
+    let context = context.clone();
+    builder = builder.function(CONTEXT_FUNCTION, move |_ctx, _args| {
+        let context = context.clone();
+        async move { Ok(context) }
+    });
+    builder.build().map_err(|e| StepError::fatal(format!("host functions: {e}")))
+}
+
+/// The host function through which a script reads its automation's context.
+pub const CONTEXT_FUNCTION: &str = "automation.context";
+
 /// `CODE: message`, the error text of a failed automation (the API splits it again).
 pub(crate) fn error_text(code: &str, message: &str) -> String {
     format!("{code}: {message}")
@@ -88,7 +107,7 @@ impl Deps {
         step: StepContext,
     ) -> Result<RoundResult, StepError> {
         let mut request = RunRequest::new(input.source.as_str())
-            .host((self.host)(&input.tenant))
+            .host(with_context((self.host)(&input.tenant), &input.context)?)
             .context(json!({ "tenant": input.tenant, "policyVersion": input.policy_version, "context": input.context }))
             .audience(AUDIENCE)
             .logical_run_id(automation_id);
