@@ -9,7 +9,7 @@ use resumable_runner::{ClaimId, ContinuationStore, StoreError, StoreFuture, Stor
 use sqlx::Row;
 use sqlx::any::AnyRow;
 
-use crate::db::{AppDb, DbError, from_ms, now_ms, to_ms};
+use crate::db::{AppDb, DbError, duration_ms, from_ms, now_ms, to_ms};
 
 /// A [`ContinuationStore`] on the application database. Every operation is one atomic statement
 /// whose conditions decide (a claim is exclusive while unexpired; only the current claim consumes
@@ -62,7 +62,7 @@ impl SqlContinuationStore {
 
     /// Deletes continuations that expired before `now - grace`; returns how many.
     pub async fn purge_expired(&self, grace: Duration) -> Result<u64, StoreError> {
-        let cutoff = now_ms().saturating_sub(i64::try_from(grace.as_millis()).unwrap_or(i64::MAX));
+        let cutoff = now_ms().saturating_sub(duration_ms(grace));
         let done = sqlx::query("DELETE FROM continuations WHERE expires_at < $1")
             .bind(cutoff)
             .execute(self.db.pool())
@@ -119,7 +119,7 @@ impl ContinuationStore for SqlContinuationStore {
     fn acquire(&self, key: [u8; 32], claim: ClaimId, lease: Duration) -> StoreFuture<'_, StoredContinuation> {
         Box::pin(async move {
             let now = now_ms();
-            let until = now.saturating_add(i64::try_from(lease.as_millis()).unwrap_or(i64::MAX));
+            let until = now.saturating_add(duration_ms(lease));
             let row = sqlx::query(
                 "UPDATE continuations SET status = 'claimed', claim = $1, claim_until = $2
                  WHERE key = $3 AND expires_at > $4

@@ -156,6 +156,11 @@ pub(crate) fn to_ms(t: SystemTime) -> i64 {
     t.duration_since(UNIX_EPOCH).map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// A duration in whole milliseconds (saturating).
+pub(crate) fn duration_ms(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 /// The time `ms` milliseconds after the Unix epoch.
 pub(crate) fn from_ms(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms.max(0).unsigned_abs())

@@ -21,7 +21,7 @@ use std::sync::Arc;
 
 use resumable_runner::{Runner, RunnerConfig, StoredCodec};
 use resumable_workflow::{
-    Engine, EngineBuilder, EngineError, RunFilter, RunId, RunStatus, StartOptions, Store, StreamReader,
+    Engine, EngineBuilder, EngineError, RunFilter, RunId, RunInfo, RunStatus, StartOptions, Store, StreamReader,
 };
 use serde_json::Value;
 
@@ -171,14 +171,7 @@ impl Automations {
 
     /// The automation `id` of `tenant`; [`AutomationError::WrongTenant`] for another tenant's.
     pub async fn get(&self, tenant: &str, id: &RunId) -> Result<AutomationView, AutomationError> {
-        let run = self.engine.get_run(id).await.map_err(not_found)?;
-        let input: AutomationInput = match (run.workflow.as_str(), serde_json::from_value(run.input.clone())) {
-            (WORKFLOW, Ok(input)) => input,
-            _ => return Err(AutomationError::NotFound),
-        };
-        if input.tenant != tenant {
-            return Err(AutomationError::WrongTenant);
-        }
+        let (run, input) = self.owned_run(tenant, id).await?;
         let log = EventLog::read(&self.engine, id).await?;
         let pending = match log.open_round() {
             Some((round, requests)) if !run.status.is_terminal() => {
@@ -193,6 +186,19 @@ impl Automations {
             _ => None,
         };
         Ok(AutomationView::new(run, input, log.rounds().0, pending, log.result()))
+    }
+
+    /// The automation run `id` and its input, when it belongs to `tenant`.
+    async fn owned_run(&self, tenant: &str, id: &RunId) -> Result<(RunInfo, AutomationInput), AutomationError> {
+        let run = self.engine.get_run(id).await.map_err(not_found)?;
+        let input: AutomationInput = match (run.workflow.as_str(), serde_json::from_value(run.input.clone())) {
+            (WORKFLOW, Ok(input)) => input,
+            _ => return Err(AutomationError::NotFound),
+        };
+        if input.tenant != tenant {
+            return Err(AutomationError::WrongTenant);
+        }
+        Ok((run, input))
     }
 
     /// The pending approvals of `tenant`, oldest first (at most `limit`).
@@ -230,9 +236,9 @@ impl Automations {
     /// pending request exactly once. Of concurrent deliveries exactly one is applied; the others
     /// get [`AutomationError::AlreadyDecided`].
     pub async fn decide(&self, tenant: &str, id: &RunId, batch: DecisionBatch) -> Result<u32, AutomationError> {
-        let view = self.get(tenant, id).await?;
-        if view.status.is_terminal() {
-            return Err(AutomationError::Ended(view.status));
+        let (run, _) = self.owned_run(tenant, id).await?;
+        if run.status.is_terminal() {
+            return Err(AutomationError::Ended(run.status));
         }
         let log = EventLog::read(&self.engine, id).await?;
         let round = match log.open_round() {
@@ -267,16 +273,16 @@ impl Automations {
 
     /// Cancels automation `id` of `tenant`; returns its status afterwards.
     pub async fn cancel(&self, tenant: &str, id: &RunId) -> Result<RunStatus, AutomationError> {
-        let view = self.get(tenant, id).await?;
-        if view.status.is_terminal() {
-            return Err(AutomationError::Ended(view.status));
+        let (run, _) = self.owned_run(tenant, id).await?;
+        if run.status.is_terminal() {
+            return Err(AutomationError::Ended(run.status));
         }
         Ok(self.engine.cancel(id).await?)
     }
 
     /// The events of automation `id` of `tenant` from index `from`, live until it ends.
     pub async fn events(&self, tenant: &str, id: &RunId, from: u64) -> Result<StreamReader, AutomationError> {
-        self.get(tenant, id).await?;
+        self.owned_run(tenant, id).await?;
         Ok(self.engine.read_stream(id, from).await?)
     }
 }

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::decision::InvalidDecisions;
 use super::workflow::{AutomationInput, PendingRequest};
+use crate::db::to_ms;
 
 /// The most stream events read to summarize one automation.
 const MAX_SUMMARY_EVENTS: u32 = 10_000;
@@ -29,7 +30,7 @@ pub struct PendingApproval {
 }
 
 fn serialize_time<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {
-    s.serialize_u64(t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64))
+    s.serialize_i64(to_ms(*t))
 }
 
 /// One automation as its tenant sees it.
@@ -89,7 +90,6 @@ impl AutomationView {
 
     /// The view as the API's JSON.
     pub fn to_json(&self) -> Value {
-        let ms = |t: SystemTime| t.duration_since(SystemTime::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         json!({
             "id": self.id,
             "tenant": self.tenant,
@@ -99,9 +99,9 @@ impl AutomationView {
             "error": self.error,
             "rounds": self.rounds,
             "pendingApproval": self.pending,
-            "createdAt": ms(self.created_at),
-            "updatedAt": ms(self.updated_at),
-            "completedAt": self.completed_at.map(ms),
+            "createdAt": to_ms(self.created_at),
+            "updatedAt": to_ms(self.updated_at),
+            "completedAt": self.completed_at.map(to_ms),
         })
     }
 }

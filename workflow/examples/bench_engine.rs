@@ -32,10 +32,14 @@
 //! number of waiting runs of the RSS measurement; `--phase NAME` runs one phase alone, for profilers
 //! (`steps`, `hooks`, `throughput`, `throughput1` or `sync`); `--rss` is internal (the child process).
 
+#[path = "support/stats.rs"]
+mod bench_stats;
+
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bench_stats::{loadavg, median, ms, r3, stats};
 use resumable_workflow::{
     Engine, RunId, RunStatus, SqliteStore, SqliteStoreOptions, StartOptions, StepError, WorkflowContext, WorkflowError,
 };
@@ -91,52 +95,6 @@ impl Sizes {
 
 fn quick() -> bool {
     std::env::args().any(|a| a == "--quick") || std::env::var("BENCH_QUICK").is_ok_and(|v| !v.is_empty() && v != "0")
-}
-
-fn r3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
-/// Nearest-rank percentile of sorted values.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn stats(xs: &[f64]) -> Value {
-    if xs.is_empty() {
-        return json!({ "n": 0 });
-    }
-    let mut s = xs.to_vec();
-    s.sort_by(f64::total_cmp);
-    json!({
-        "n": s.len(),
-        "min": r3(s[0]),
-        "p50": r3(percentile(&s, 50.0)),
-        "p90": r3(percentile(&s, 90.0)),
-        "p99": r3(percentile(&s, 99.0)),
-        "max": r3(s[s.len() - 1]),
-        "mean": r3(s.iter().sum::<f64>() / s.len() as f64),
-    })
-}
-
-fn p50(xs: &[f64]) -> f64 {
-    if xs.is_empty() {
-        return f64::NAN;
-    }
-    let mut s = xs.to_vec();
-    s.sort_by(f64::total_cmp);
-    r3(percentile(&s, 50.0))
-}
-
-/// The 1, 5 and 15 minute load averages (other processes compete for the disk and the cores).
-fn loadavg() -> Vec<f64> {
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    load.split_whitespace().take(3).filter_map(|v| v.parse().ok()).collect()
 }
 
 /// A directory of database files, removed on drop.
@@ -391,8 +349,8 @@ async fn bench_hooks(scratch: &Scratch, sizes: &Sizes) -> Value {
     let edge = to_continue.len().min(20);
     json!({
         "hook_resume_to_continue_ms": stats(&to_continue),
-        "hook_resume_to_continue_first20_p50_ms": p50(&to_continue[..edge]),
-        "hook_resume_to_continue_last20_p50_ms": p50(&to_continue[to_continue.len() - edge..]),
+        "hook_resume_to_continue_first20_p50_ms": median(&to_continue[..edge]),
+        "hook_resume_to_continue_last20_p50_ms": median(&to_continue[to_continue.len() - edge..]),
         "resume_hook_call_ms": stats(&call),
     })
 }

@@ -34,11 +34,15 @@
 //! Targets: at least 2,000 steps/s with 4 worker processes, and a hook resume → continue p50 of
 //! at most 5 ms across processes.
 
+#[path = "support/stats.rs"]
+mod bench_stats;
+
 use std::process::Stdio;
 use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use bench_stats::{loadavg, median, ms, r3, stats};
 use resumable_workflow::{
     Engine, PgStore, PgStoreOptions, RunFilter, RunStatus, StartOptions, StepError, WorkflowContext, WorkflowError,
 };
@@ -93,14 +97,6 @@ impl Args {
     }
 }
 
-fn r3(x: f64) -> f64 {
-    (x * 1000.0).round() / 1000.0
-}
-
-fn ms(d: Duration) -> f64 {
-    d.as_secs_f64() * 1000.0
-}
-
 fn unix_micros() -> i64 {
     i64::try_from(SystemTime::now().duration_since(UNIX_EPOCH).expect("clock").as_micros()).expect("time")
 }
@@ -109,41 +105,6 @@ fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];
     getrandom::fill(&mut buf).expect("random bytes");
     buf.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Nearest-rank percentile of sorted values.
-fn percentile(sorted: &[f64], p: f64) -> f64 {
-    let rank = ((p / 100.0) * sorted.len() as f64).ceil() as usize;
-    sorted[rank.clamp(1, sorted.len()) - 1]
-}
-
-fn stats(xs: &[f64]) -> Value {
-    if xs.is_empty() {
-        return json!({ "n": 0 });
-    }
-    let mut s = xs.to_vec();
-    s.sort_by(f64::total_cmp);
-    json!({
-        "n": s.len(),
-        "min": r3(s[0]),
-        "p50": r3(percentile(&s, 50.0)),
-        "p90": r3(percentile(&s, 90.0)),
-        "p99": r3(percentile(&s, 99.0)),
-        "max": r3(s[s.len() - 1]),
-        "mean": r3(s.iter().sum::<f64>() / s.len() as f64),
-    })
-}
-
-fn median(xs: &[f64]) -> f64 {
-    let mut s = xs.to_vec();
-    s.sort_by(f64::total_cmp);
-    if s.is_empty() { f64::NAN } else { r3(percentile(&s, 50.0)) }
-}
-
-/// The 1, 5 and 15 minute load averages (other processes compete for the cores and the disk).
-fn loadavg() -> Vec<f64> {
-    let load = std::fs::read_to_string("/proc/loadavg").unwrap_or_default();
-    load.split_whitespace().take(3).filter_map(|v| v.parse().ok()).collect()
 }
 
 /// The `application_name` of the worker processes' connections.
