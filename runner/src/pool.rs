@@ -8,6 +8,11 @@ use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::atomic::Ordering;
 use std::thread;
+use std::time::{Duration, Instant};
+
+/// How long an idle worker polls the queue before it sleeps. Waking a sleeping
+/// thread costs tens of microseconds on virtual machines, more than a short run.
+const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(100);
 
 /// A job and where its answer goes.
 pub(crate) struct Task {
@@ -58,7 +63,7 @@ fn work(jobs: Receiver<Task>) {
                 engine.prepare_spare();
             }
         }
-        let Ok(Task { mut job, reply }) = jobs.recv() else { return };
+        let Some(Task { mut job, reply }) = next_task(&jobs) else { return };
         let result = if job.abort.load(Ordering::SeqCst) {
             Err(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"))
         } else {
@@ -78,4 +83,37 @@ fn work(jobs: Receiver<Task>) {
             None => {}
         }
     }
+}
+
+/// The next task, polling for a moment before sleeping on the queue.
+fn next_task(jobs: &Receiver<Task>) -> Option<Task> {
+    let started = Instant::now();
+    while started.elapsed() < SPIN_BEFORE_SLEEP {
+        match jobs.try_recv() {
+            Ok(task) => return Some(task),
+            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
+            Err(crossbeam_channel::TryRecvError::Empty) => std::hint::spin_loop(),
+        }
+    }
+    jobs.recv().ok()
+}
+
+/// How long a caller polls for its answer, letting other tasks run between
+/// polls, before it waits to be woken.
+const POLL_FOR_ANSWER: Duration = Duration::from_micros(100);
+
+/// Waits for a worker's answer, polling for a moment first: most runs finish
+/// in less time than it takes to wake a sleeping executor thread.
+pub(crate) async fn answer_soon<T>(
+    answer: &mut tokio::sync::oneshot::Receiver<T>,
+) -> Result<T, tokio::sync::oneshot::error::RecvError> {
+    let started = Instant::now();
+    while started.elapsed() < POLL_FOR_ANSWER {
+        match answer.try_recv() {
+            Ok(value) => return Ok(value),
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty) => tokio::task::yield_now().await,
+            Err(tokio::sync::oneshot::error::TryRecvError::Closed) => break,
+        }
+    }
+    answer.await
 }

@@ -7,7 +7,7 @@ use crate::job::{Job, RawOutcome, Replay, WorkerMessage};
 use crate::limits::{Limit, LimitOverrides, Limits};
 use crate::link::{HostLink, LocalHost};
 use crate::outcome::{Completion, Outcome, Resolution, Suspension};
-use crate::pool::{Pool, Task};
+use crate::pool::{Pool, Task, answer_soon};
 use crate::process::protocol::JobSpec;
 use crate::process::{ProcessConfig, ProcessPool};
 use crate::state::{CallOutcome, ContinuationState, scope_hash, source_hash};
@@ -375,7 +375,7 @@ impl Runner {
         // thread mode; the caller still gets its answer.
         let backstop = limits.timeout() + Duration::from_secs(1) + limits.timeout() / 2;
         let result = tokio::select! {
-            result = &mut answer => result.unwrap_or_else(|_| Err(RunError::internal("the worker stopped"))),
+            result = answer_soon(&mut answer) => result.unwrap_or_else(|_| Err(RunError::internal("the worker stopped"))),
             _ = cancel.cancelled() => {
                 stop.fire();
                 match tokio::time::timeout(Duration::from_secs(1), &mut answer).await {

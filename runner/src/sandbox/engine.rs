@@ -225,3 +225,41 @@ mod tests {
         assert!(grown <= 2 * GC_HEADROOM, "2,000 retired realms left {grown} bytes behind");
     }
 }
+
+#[cfg(test)]
+mod realm_timing {
+    use super::*;
+    use std::time::Instant;
+
+    /// What one fresh realm costs: the floor under every run's CPU time.
+    /// `cargo test --release -p resumable-runner --lib realm_costs -- --ignored --nocapture`
+    #[test]
+    #[ignore = "timing report, run by hand in release mode"]
+    fn realm_costs() {
+        let engine = Engine::new().unwrap();
+        let per = |started: Instant, n: usize| started.elapsed().as_secs_f64() * 1e6 / n as f64;
+        for _ in 0..3 {
+            let n = 500;
+            engine.runtime.set_gc_threshold(usize::MAX);
+            let started = Instant::now();
+            let contexts: Vec<Context> =
+                (0..n).map(|_| Context::custom::<GuestIntrinsics>(&engine.runtime).unwrap()).collect();
+            let context_us = per(started, n);
+            drop(contexts);
+            engine.runtime.run_gc();
+            let started = Instant::now();
+            let realms: Vec<Realm> = (0..n).map(|_| engine.new_realm().unwrap()).collect();
+            let realm_us = per(started, n);
+            let started = Instant::now();
+            drop(realms);
+            let drop_us = per(started, n);
+            let started = Instant::now();
+            engine.runtime.run_gc();
+            let gc_us = per(started, n);
+            eprintln!(
+                "per realm: context {context_us:.1} µs, hardened realm {realm_us:.1} µs, \
+                 drop {drop_us:.1} µs, collection {gc_us:.1} µs"
+            );
+        }
+    }
+}

@@ -9,6 +9,10 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
+/// Least wall time between two reads of the thread's CPU clock; a script can
+/// overrun its CPU budget by at most this much.
+const CPU_CHECK_INTERVAL: Duration = Duration::from_micros(500);
+
 /// Shared by the engine's interrupt handler, the natives and the run loop.
 ///
 /// Once `latched` holds an error, the interrupt handler stops every further
@@ -18,6 +22,8 @@ pub(crate) struct RunGuard {
     deadline: Cell<Option<Instant>>,
     /// Thread CPU time at which the script has used up its CPU budget.
     cpu_deadline: Cell<Option<Duration>>,
+    /// When the thread's CPU time was last read (reading it is a system call).
+    cpu_checked: Cell<Instant>,
     abort: RefCell<Option<Arc<AtomicBool>>>,
     stack: RefCell<Option<StackGuard>>,
     latched: RefCell<Option<RunError>>,
@@ -29,6 +35,7 @@ impl RunGuard {
             meter,
             deadline: Cell::new(None),
             cpu_deadline: Cell::new(None),
+            cpu_checked: Cell::new(Instant::now()),
             abort: RefCell::new(None),
             stack: RefCell::new(None),
             latched: RefCell::new(None),
@@ -40,6 +47,7 @@ impl RunGuard {
         *self.latched.borrow_mut() = None;
         self.deadline.set(Some(deadline));
         self.cpu_deadline.set(Some(thread_cpu_time() + cpu_budget));
+        self.cpu_checked.set(Instant::now());
         *self.abort.borrow_mut() = Some(abort);
         *self.stack.borrow_mut() = Some(stack);
     }
@@ -77,11 +85,22 @@ impl RunGuard {
             self.latch(RunError::new(ErrorCode::StackOverflow, "the script exceeded its stack limit"));
             return true;
         }
-        if self.cpu_deadline.get().is_some_and(|limit| thread_cpu_time() >= limit) {
+        if self.cpu_budget_spent() {
             self.latch(RunError::new(ErrorCode::CpuTimeout, "the script used more CPU time than its limit"));
             return true;
         }
         false
+    }
+
+    /// Reads the CPU clock at most once per [`CPU_CHECK_INTERVAL`] of wall time.
+    fn cpu_budget_spent(&self) -> bool {
+        let Some(limit) = self.cpu_deadline.get() else { return false };
+        let now = Instant::now();
+        if now.duration_since(self.cpu_checked.get()) < CPU_CHECK_INTERVAL {
+            return false;
+        }
+        self.cpu_checked.set(now);
+        thread_cpu_time() >= limit
     }
 
     /// The cheap limits (latch, memory, abort, deadline), checked between jobs.
