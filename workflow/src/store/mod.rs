@@ -8,6 +8,7 @@
 
 pub mod postgres;
 pub mod sqlite;
+mod sqlite_threads;
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -49,6 +50,18 @@ pub struct NewRun {
     pub idempotency_key: Option<String>,
     /// The run that started this one as a child; it is woken when this run ends.
     pub parent_run_id: Option<RunId>,
+}
+
+impl NewRun {
+    /// The payload of the run's `run_created` event.
+    pub(crate) fn created_event(&self) -> Value {
+        serde_json::json!({
+            "workflow": self.workflow,
+            "input": self.input,
+            "idempotency_key": self.idempotency_key,
+            "parent_run_id": self.parent_run_id,
+        })
+    }
 }
 
 /// The result of [`Store::create_run`].
@@ -423,4 +436,16 @@ pub trait Store: Send + Sync + 'static {
         from: u64,
         limit: u32,
     ) -> BoxFuture<'a, Result<Vec<(u64, Value)>, StoreError>>;
+}
+
+/// Fails when the database was migrated by a newer build than this one (`migrations` are this
+/// build's, in order).
+pub(crate) fn refuse_newer_schema(current: i64, migrations: &[(i64, &str, &str)]) -> Result<(), StoreError> {
+    let latest = migrations.last().map_or(0, |m| m.0);
+    if current > latest {
+        return Err(StoreError::Corrupt(format!(
+            "database schema version {current} is newer than this build knows ({latest})"
+        )));
+    }
+    Ok(())
 }

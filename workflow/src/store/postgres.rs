@@ -35,7 +35,7 @@ use tokio::task::JoinHandle;
 use super::{
     BoxFuture, ClaimRequest, ClaimedRun, CreatedRun, EmitRecord, Fence, HookCreation, HookPayload, HookRecord,
     HookState, NewRun, OpRecord, RunHistory, RunOutcome, StepRecord, StepState, StepUpdate, Store, WaitRecord,
-    WaitResolution, WaitState,
+    WaitResolution, WaitState, refuse_newer_schema,
 };
 use crate::error::StoreError;
 use crate::event::{Event, EventKind};
@@ -375,12 +375,7 @@ async fn migrate_inner(pool: &PgPool, schema: Option<&str>) -> Result<(), StoreE
         .fetch_one(&mut *tx)
         .await
         .map_err(db)?;
-    let latest = MIGRATIONS.last().map_or(0, |m| m.0);
-    if current > latest {
-        return Err(StoreError::Corrupt(format!(
-            "database schema version {current} is newer than this build knows ({latest})"
-        )));
-    }
+    refuse_newer_schema(current, MIGRATIONS)?;
     for &(version, name, sql) in MIGRATIONS {
         if version <= current {
             continue;
@@ -660,12 +655,7 @@ impl PgStore {
             tx.commit().await?;
             return Ok(CreatedRun { run_id: RunId::from(existing), created: false });
         }
-        let payload = json!({
-            "workflow": run.workflow,
-            "input": run.input,
-            "idempotency_key": run.idempotency_key,
-            "parent_run_id": run.parent_run_id,
-        });
+        let payload = run.created_event();
         append(&mut tx, &id, EventKind::RunCreated, payload, now).await?;
         self.notify(&mut tx).await?;
         tx.commit().await?;

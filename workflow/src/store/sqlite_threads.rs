@@ -1,0 +1,237 @@
+//! SQLite connections owned by dedicated threads, to which callers send whole units of work.
+//!
+//! A caller hands a closure to the pool; one of the pool's threads runs it against its own
+//! connection and sends the result back. A transaction therefore costs one hand-off, however
+//! many statements it runs, and a caller that stops waiting never leaves a transaction half done:
+//! the closure runs to its end (a [`rusqlite::Transaction`] that was not committed rolls back
+//! when dropped). Idle threads poll their queue for a moment before they sleep, and callers poll
+//! for their answer before they wait to be woken: waking a sleeping thread costs tens of
+//! microseconds on virtual machines, more than most statements. Closing the pool lets the work
+//! already queued finish, then stops the threads and closes their connections.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender, TryRecvError, unbounded};
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use crate::error::StoreError;
+
+/// How long an idle connection thread polls its queue before it sleeps.
+const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(200);
+/// How long a caller polls for its answer before it waits to be woken.
+const POLL_FOR_ANSWER: Duration = Duration::from_micros(200);
+
+type Work = Box<dyn FnOnce(&mut Connection) + Send>;
+
+/// What a connection thread takes from the queue.
+enum Job {
+    /// A unit of work to run on the thread's connection.
+    Run(Work),
+    /// Stop: close the connection, then answer.
+    Stop(oneshot::Sender<()>),
+}
+
+/// A fixed set of threads, each owning one connection, fed by one queue.
+#[derive(Clone, Debug)]
+pub(crate) struct ConnectionPool {
+    queue: Sender<Job>,
+    /// The number of threads.
+    size: usize,
+    /// Set by [`ConnectionPool::close`]; no work is taken after it.
+    closed: Arc<AtomicBool>,
+}
+
+impl ConnectionPool {
+    /// Opens `size` connections with `open` (on their own threads) and fails if any does not open.
+    pub(crate) fn open<F>(name: &str, size: usize, open: F) -> Result<ConnectionPool, StoreError>
+    where
+        F: Fn() -> Result<Connection, StoreError> + Send + Sync + 'static,
+    {
+        let (queue, work) = unbounded::<Job>();
+        let open = Arc::new(open);
+        let size = size.max(1);
+        for index in 0..size {
+            let (opened_tx, opened_rx) = std::sync::mpsc::channel();
+            let work = work.clone();
+            let open = open.clone();
+            thread::Builder::new()
+                .name(format!("{name}-{index}"))
+                .spawn(move || match open() {
+                    Ok(mut connection) => {
+                        let _ = opened_tx.send(Ok(()));
+                        let stopped = serve(&mut connection, &work);
+                        drop(work);
+                        drop(connection);
+                        if let Some(stopped) = stopped {
+                            let _ = stopped.send(());
+                        }
+                    }
+                    Err(e) => {
+                        let _ = opened_tx.send(Err(e));
+                    }
+                })
+                .map_err(|e| StoreError::Database(format!("cannot start a database thread: {e}")))?;
+            opened_rx.recv().map_err(|_| StoreError::Database("a database thread stopped while opening".into()))??;
+        }
+        Ok(ConnectionPool { queue, size, closed: Arc::new(AtomicBool::new(false)) })
+    }
+
+    /// Lets the work already queued finish, then stops the threads and closes their connections;
+    /// later work fails. Returns once every connection is closed (at once if already closing).
+    pub(crate) async fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let mut stopped = Vec::with_capacity(self.size);
+        for _ in 0..self.size {
+            let (tx, rx) = oneshot::channel();
+            // Each thread takes one stop and takes nothing after it.
+            if self.queue.send(Job::Stop(tx)).is_ok() {
+                stopped.push(rx);
+            }
+        }
+        for rx in stopped {
+            let _ = rx.await;
+        }
+    }
+
+    /// Runs `work` on one of the pool's connections and returns its result.
+    pub(crate) async fn run<R, F>(&self, work: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Database("the database is closed".into()));
+        }
+        let (reply, mut answer) = oneshot::channel();
+        let job: Work = Box::new(move |connection| {
+            let _ = reply.send(work(connection));
+        });
+        // Work queued behind a concurrent close is discarded when the threads are gone, and its
+        // caller is told the thread stopped.
+        self.queue.send(Job::Run(job)).map_err(|_| StoreError::Database("the database threads have stopped".into()))?;
+        let started = Instant::now();
+        while started.elapsed() < POLL_FOR_ANSWER {
+            match answer.try_recv() {
+                Ok(result) => return result,
+                Err(oneshot::error::TryRecvError::Empty) => tokio::task::yield_now().await,
+                Err(oneshot::error::TryRecvError::Closed) => break,
+            }
+        }
+        answer.await.map_err(|_| StoreError::Database("a database thread stopped during a query".into()))?
+    }
+}
+
+/// Runs work from the queue until every sender is gone (`None`) or a stop arrives (its answer).
+fn serve(connection: &mut Connection, work: &Receiver<Job>) -> Option<oneshot::Sender<()>> {
+    loop {
+        let started = Instant::now();
+        let next = loop {
+            match work.try_recv() {
+                Ok(job) => break Some(job),
+                Err(TryRecvError::Disconnected) => return None,
+                Err(TryRecvError::Empty) if started.elapsed() < SPIN_BEFORE_SLEEP => std::hint::spin_loop(),
+                Err(TryRecvError::Empty) => break None,
+            }
+        };
+        let job = match next {
+            Some(job) => job,
+            None => match work.recv() {
+                Ok(job) => job,
+                Err(_) => return None,
+            },
+        };
+        let job = match job {
+            Job::Run(job) => job,
+            Job::Stop(stopped) => return Some(stopped),
+        };
+        // A panic in one unit of work must not take the connection's thread down with it.
+        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(connection)));
+    }
+}
+
+/// A [`rusqlite::Error`] as a store error.
+pub(crate) fn db(e: rusqlite::Error) -> StoreError {
+    StoreError::Database(e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn memory() -> Result<Connection, StoreError> {
+        Connection::open_in_memory().map_err(db)
+    }
+
+    #[tokio::test]
+    async fn runs_work_and_returns_its_result() {
+        let pool = ConnectionPool::open("test-db", 1, memory).unwrap();
+        let n: i64 = pool.run(|c| c.query_row("SELECT 40 + 2", [], |r| r.get(0)).map_err(db)).await.unwrap();
+        assert_eq!(n, 42);
+    }
+
+    #[tokio::test]
+    async fn a_panicking_job_is_an_error_and_the_thread_lives_on() {
+        let pool = ConnectionPool::open("test-db", 1, memory).unwrap();
+        let failed = pool.run(|_| -> Result<(), StoreError> { panic!("boom") }).await;
+        assert!(matches!(failed, Err(StoreError::Database(_))), "{failed:?}");
+        let n: i64 = pool.run(|c| c.query_row("SELECT 1", [], |r| r.get(0)).map_err(db)).await.unwrap();
+        assert_eq!(n, 1);
+    }
+
+    #[tokio::test]
+    async fn a_caller_that_stops_waiting_does_not_cut_a_transaction_short() {
+        let pool = ConnectionPool::open("test-db", 1, memory).unwrap();
+        pool.run(|c| c.execute_batch("CREATE TABLE t (v INTEGER)").map_err(db)).await.unwrap();
+        let slow = pool.run(|c| {
+            let tx = c.transaction().map_err(db)?;
+            tx.execute("INSERT INTO t VALUES (1)", []).map_err(db)?;
+            std::thread::sleep(Duration::from_millis(50));
+            tx.execute("INSERT INTO t VALUES (2)", []).map_err(db)?;
+            tx.commit().map_err(db)
+        });
+        // Dropped before the transaction ends.
+        let _ = tokio::time::timeout(Duration::from_millis(5), slow).await;
+        let rows: i64 =
+            pool.run(|c| c.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0)).map_err(db)).await.unwrap();
+        assert_eq!(rows, 2);
+    }
+
+    #[tokio::test]
+    async fn close_finishes_queued_work_then_closes_every_connection() {
+        let dir = std::env::temp_dir().join(format!("resumable-threads-unit-{}", crate::ids::random_hex(8)));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("t.db");
+        let file = path.clone();
+        let pool = ConnectionPool::open("test-db", 2, move || Connection::open(&file).map_err(db)).unwrap();
+        pool.run(|c| c.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (v INTEGER)").map_err(db))
+            .await
+            .unwrap();
+        let slow = pool.run(|c| {
+            std::thread::sleep(Duration::from_millis(30));
+            c.execute("INSERT INTO t VALUES (1)", []).map_err(db)
+        });
+        let (inserted, ()) = tokio::join!(slow, async {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            pool.close().await;
+        });
+        assert_eq!(inserted.unwrap(), 1);
+        let after = pool.run(|c| c.query_row("SELECT 1", [], |r| r.get::<_, i64>(0)).map_err(db)).await;
+        assert!(matches!(after, Err(StoreError::Database(_))), "{after:?}");
+        pool.close().await;
+        // The last connection to close checkpoints the log and removes it.
+        assert!(!dir.join("t.db-wal").exists());
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_connection_that_cannot_open_is_an_error() {
+        let failed = ConnectionPool::open("test-db", 2, || Err(StoreError::Database("no such file".into())));
+        assert!(matches!(failed, Err(StoreError::Database(m)) if m == "no such file"));
+    }
+}
