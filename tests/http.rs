@@ -1,10 +1,11 @@
-//! End-to-end tests of the HTTP approval service over real HTTP: each test starts its own
-//! `resumable serve --demo` process on a fresh SQLite database (and kills it at the end), talks
+//! End-to-end tests of the HTTP approval service over real HTTP: each scenario starts its own
+//! `resumable serve --demo` process on a fresh SQLite database, and again on a fresh PostgreSQL
+//! schema when a test server is configured (and kills it at the end), talks
 //! to it with a minimal HTTP/1.1 client, and counts effects in the database the server writes:
 //! results, approvals and rejections, several rounds, a SIGKILLed server replaced by a new one,
 //! duplicate and concurrent decisions, who may decide, bad input, event streams, cancellation.
 //!
-//! One test is `#[ignore]`d because it waits out the engine's 30 s lease; run it with
+//! One scenario is `#[ignore]`d because it waits out the engine's 30 s lease; run it with
 //! `cargo test --test http -- --ignored`.
 
 mod support;
@@ -27,6 +28,37 @@ const REFUND_THEN_WORK: &str = "const o = await orders.get('A-1002');
 const SUBMIT_ONLY_KEYS: &str =
     r#"{"keys":[{"key":"submit-only-key","actor":"bob","tenant":"acme","roles":["submitter"]}]}"#;
 
+/// Where a test's server keeps its data.
+#[derive(Clone, Copy, Debug)]
+enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// Declares a scenario as a module of two tests: `sqlite`, and `postgres`, which passes without
+/// doing anything when no PostgreSQL test server is configured (`RESUMABLE_TEST_PG_URL`).
+macro_rules! on_both_backends {
+    ($(#[$attr:meta])* async fn $name:ident($backend:ident) $body:block) => {
+        mod $name {
+            use super::*;
+
+            async fn scenario($backend: Backend) $body
+
+            $(#[$attr])*
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                scenario(Backend::Sqlite).await
+            }
+
+            $(#[$attr])*
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                scenario(Backend::Postgres).await
+            }
+        }
+    };
+}
+
 /// A server of its own, a client with the `demo-acme` key, and the server's database. Fields
 /// drop in order: the server is killed before its directory is removed.
 struct Fixture {
@@ -37,18 +69,14 @@ struct Fixture {
 }
 
 impl Fixture {
-    fn start(name: &str) -> Fixture {
-        Fixture::start_with(name, None)
-    }
-
-    /// Starts on a fresh PostgreSQL schema, or `None` when no test server is configured.
-    fn start_postgres(name: &str) -> Option<Fixture> {
-        Some(Fixture::on(TempDir::postgres(name)?, None))
-    }
-
-    /// Starts with `keys` (a keys file's JSON) passed as `--keys`, if given.
-    fn start_with(name: &str, keys: Option<&str>) -> Fixture {
-        Fixture::on(TempDir::new(name), keys)
+    /// Starts on a fresh database of `backend`, with `keys` (a keys file's JSON) passed as
+    /// `--keys` if given; `None` on PostgreSQL when no test server is configured.
+    fn start_on(backend: Backend, name: &str, keys: Option<&str>) -> Option<Fixture> {
+        let dir = match backend {
+            Backend::Sqlite => TempDir::new(name),
+            Backend::Postgres => TempDir::postgres(name)?,
+        };
+        Some(Fixture::on(dir, keys))
     }
 
     fn on(dir: TempDir, keys: Option<&str>) -> Fixture {
@@ -170,506 +198,490 @@ fn indexes_and_types(events: &[Value]) -> Vec<(u64, String)> {
         .collect()
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_plain_script_completes_with_its_result() {
-    let f = Fixture::start("plain");
-    let id = submit(&f.acme, "return 6*7").await;
-    let view = finished(&f.acme, &id).await;
-    assert_eq!(view["status"], "completed", "{view}");
-    assert_eq!(view["result"], 42);
-    assert_eq!((&view["error"], &view["pendingApproval"], &view["rounds"]), (&Value::Null, &Value::Null, &json!(0)));
-    assert_eq!((&view["id"], &view["tenant"], &view["submittedBy"]), (&json!(id), &json!("acme"), &json!("acme-demo")));
-    assert!(view["completedAt"].is_u64(), "{view}");
-    let all = events(&f.acme, &id, 0).await;
-    assert_eq!(indexes_and_types(&all), [(0, "completed".to_owned())]);
-    assert_eq!(all[0]["event"]["value"], 42);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_submission_with_an_idempotency_key_starts_one_automation() {
-    let f = Fixture::start("idempotent");
-    let body = json!({ "source": "return 6*7", "idempotencyKey": "order-42" }).to_string();
-    let mut prepared = Vec::new();
-    for _ in 0..16 {
-        prepared.push(f.acme.prepare("POST", "/v1/automations", Some(body.as_bytes())).await);
-    }
-    let tasks: Vec<_> = prepared.into_iter().map(|p| tokio::spawn(p.send())).collect();
-    let mut ids = Vec::new();
-    for task in tasks {
-        let response = task.await.expect("the request task");
-        assert_eq!(response.status, 202, "{}", response.text());
-        ids.push(response.json()["id"].clone());
-    }
-    ids.dedup();
-    assert_eq!(ids.len(), 1, "{ids:?}");
-    let id = ids[0].as_str().expect("an id");
-    assert_eq!(finished(&f.acme, id).await["result"], 42);
-    let other = submit(&f.acme, "return 6*7").await;
-    assert_ne!(other, id, "without the key it is another automation");
-    // The same key for another script is a conflict, not that script's id.
-    let reused = f.acme.post("/v1/automations", &json!({ "source": "return 1", "idempotencyKey": "order-42" })).await;
-    assert_eq!((reused.status, reused.json()["error"]["code"].clone()), (409, json!("IDEMPOTENCY_CONFLICT")));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_approved_refund_happens_once_and_the_read_is_not_repeated() {
-    approved_refund_scenario(Fixture::start("an_approved_refund_h")).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_approved_refund_happens_once_and_the_read_is_not_repeated_on_postgres() {
-    if let Some(f) = Fixture::start_postgres("an_approved_refund_h") {
-        approved_refund_scenario(f).await;
+on_both_backends! {
+    async fn a_plain_script_completes_with_its_result(backend) {
+        let Some(f) = Fixture::start_on(backend, "plain", None) else { return };
+        let id = submit(&f.acme, "return 6*7").await;
+        let view = finished(&f.acme, &id).await;
+        assert_eq!(view["status"], "completed", "{view}");
+        assert_eq!(view["result"], 42);
+        assert_eq!((&view["error"], &view["pendingApproval"], &view["rounds"]), (&Value::Null, &Value::Null, &json!(0)));
+        assert_eq!((&view["id"], &view["tenant"], &view["submittedBy"]), (&json!(id), &json!("acme"), &json!("acme-demo")));
+        assert!(view["completedAt"].is_u64(), "{view}");
+        let all = events(&f.acme, &id, 0).await;
+        assert_eq!(indexes_and_types(&all), [(0, "completed".to_owned())]);
+        assert_eq!(all[0]["event"]["value"], 42);
     }
 }
 
-async fn approved_refund_scenario(f: Fixture) {
-    let id = submit(&f.acme, REFUND).await;
-    let approval = pending(&f.acme, &id).await;
-    assert_eq!((&approval["automationId"], &approval["round"]), (&json!(id), &json!(1)));
-    let requests = approval["requests"].as_array().expect("requests");
-    assert_eq!(requests.len(), 1, "{approval}");
-    assert_eq!(requests[0]["function"], "orders.refund");
-    assert_eq!(requests[0]["request"], json!({ "kind": "refund-approval", "orderId": "A-1002", "amount": 1500 }));
-    assert!(f.db.refunds("acme").await.is_empty(), "nothing refunded before the approval");
-
-    // The approval is listed for acme's approvers only.
-    let listed = f.acme.get("/v1/approvals").await;
-    assert_eq!(listed.status, 200, "{}", listed.text());
-    assert_eq!(listed.json()["approvals"], json!([approval]));
-    let globex = f.server.client(Some("demo-globex")).get("/v1/approvals").await;
-    assert_eq!(globex.json()["approvals"], json!([]), "{}", globex.text());
-
-    let decided = decide(&f.acme, &id, &decide_all(&approval, true)).await;
-    assert_eq!(decided.status, 202, "{}", decided.text());
-    assert_eq!(decided.json(), json!({ "id": id, "round": 1 }));
-    let view = finished(&f.acme, &id).await;
-    assert_eq!(view["status"], "completed", "{view}");
-    assert_eq!(view["rounds"], 1);
-    assert_eq!(view["pendingApproval"], Value::Null);
-    let result = &view["result"];
-    assert_eq!(
-        (&result["approved"], &result["orderId"], &result["refunded"]),
-        (&json!(true), &json!("A-1002"), &json!(1500))
-    );
-    assert_eq!(f.db.refunds("acme").await, [("A-1002".to_owned(), 1500)]);
-    assert_eq!(f.db.refunded_cents("acme", "A-1002").await, 1500);
-    assert_eq!(f.db.host_calls(&id, "orders.get").await, 1, "orders.get was replayed, not run again");
-    assert_eq!(f.acme.get("/v1/approvals").await.json()["approvals"], json!([]));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_rejected_refund_changes_nothing_and_the_script_sees_why() {
-    let f = Fixture::start("reject");
-    let id = submit(&f.acme, REFUND).await;
-    let approval = pending(&f.acme, &id).await;
-    let decided = decide(&f.acme, &id, &decide_all(&approval, false)).await;
-    assert_eq!(decided.status, 202, "{}", decided.text());
-    let view = finished(&f.acme, &id).await;
-    assert_eq!(view["status"], "completed", "{view}");
-    assert_eq!(view["result"], json!({ "approved": false, "orderId": "A-1002", "reason": "checked" }));
-    assert!(f.db.refunds("acme").await.is_empty());
-    assert_eq!(f.db.refunded_cents("acme", "A-1002").await, 0);
-    assert_eq!(f.db.host_calls(&id, "orders.get").await, 1);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_rounds_the_first_a_parallel_batch_decided_in_one_request() {
-    let f = Fixture::start("rounds");
-    let source = "const both = await Promise.all([orders.refund('A-1001', 100), orders.refund('A-1003', 200)]);
-        const last = await orders.refund('A-1004', 300);
-        return [both.map(r => r.refunded), last.refunded];";
-    let id = submit(&f.acme, source).await;
-    let first = pending(&f.acme, &id).await;
-    assert_eq!(first["round"], 1);
-    let orders: Vec<&Value> = first["requests"].as_array().expect("requests").iter().map(|r| &r["request"]).collect();
-    assert_eq!(
-        orders,
-        [
-            &json!({ "kind": "refund-approval", "orderId": "A-1001", "amount": 100 }),
-            &json!({ "kind": "refund-approval", "orderId": "A-1003", "amount": 200 }),
-        ],
-        "both refunds wait in one batch"
-    );
-
-    // A batch must decide every pending request exactly once; otherwise nothing resumes.
-    let ids: Vec<Value> =
-        first["requests"].as_array().expect("requests").iter().map(|r| r["interruptionId"].clone()).collect();
-    let only_one = json!({ "decisions": [{ "interruptionId": ids[0], "approved": true }] });
-    assert_error(&decide(&f.acme, &id, &only_one).await, 422, "INVALID_DECISIONS");
-    let twice = json!({ "decisions": [
-        { "interruptionId": ids[0], "approved": true },
-        { "interruptionId": ids[0], "approved": true },
-        { "interruptionId": ids[1], "approved": true },
-    ] });
-    assert_error(&decide(&f.acme, &id, &twice).await, 422, "INVALID_DECISIONS");
-    assert_error(&decide(&f.acme, &id, &json!({ "decisions": [] })).await, 422, "INVALID_DECISIONS");
-    assert_still_waiting(&f.acme, &id, &first).await;
-
-    let decided = decide(&f.acme, &id, &decide_all(&first, true)).await;
-    assert_eq!(decided.json(), json!({ "id": id, "round": 1 }), "{}", decided.text());
-    let second = pending(&f.acme, &id).await;
-    assert_eq!(second["round"], 2, "{second}");
-    assert_eq!(second["requests"].as_array().map(Vec::len), Some(1));
-    assert_eq!(second["requests"][0]["request"]["orderId"], "A-1004");
-    assert_eq!(f.db.refunds("acme").await.len(), 2, "the first batch is applied before the second round");
-
-    // Round 1's batch again: refused, and round 2 is still open. (Today this is 422: a decision
-    // request names no round, so a late duplicate is judged against round 2's requests.)
-    let again = decide(&f.acme, &id, &decide_all(&first, true)).await;
-    assert!(matches!(again.status, 409 | 422), "{} {}", again.status, again.text());
-    assert_still_waiting(&f.acme, &id, &second).await;
-
-    let decided = decide(&f.acme, &id, &decide_all(&second, true)).await;
-    assert_eq!(decided.json(), json!({ "id": id, "round": 2 }), "{}", decided.text());
-    let view = finished(&f.acme, &id).await;
-    assert_eq!(view["status"], "completed", "{view}");
-    assert_eq!((&view["result"], &view["rounds"]), (&json!([[100, 200], 300]), &json!(2)));
-    let mut refunds = f.db.refunds("acme").await;
-    refunds.sort();
-    assert_eq!(refunds, [("A-1001".to_owned(), 100), ("A-1003".to_owned(), 200), ("A-1004".to_owned(), 300)]);
-    let types = indexes_and_types(&events(&f.acme, &id, 0).await);
-    let expected = ["approval_requested", "decided", "approval_requested", "decided", "completed"];
-    assert_eq!(types, expected.iter().enumerate().map(|(i, t)| (i as u64, t.to_string())).collect::<Vec<_>>());
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_killed_while_waiting_is_replaced_and_the_automation_finishes_once() {
-    restart_scenario(Fixture::start("a_server_killed_whil")).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_server_killed_while_waiting_is_replaced_and_the_automation_finishes_once_on_postgres() {
-    if let Some(f) = Fixture::start_postgres("a_server_killed_whil") {
-        restart_scenario(f).await;
+on_both_backends! {
+    async fn a_submission_with_an_idempotency_key_starts_one_automation(backend) {
+        let Some(f) = Fixture::start_on(backend, "idempotent", None) else { return };
+        let body = json!({ "source": "return 6*7", "idempotencyKey": "order-42" }).to_string();
+        let mut prepared = Vec::new();
+        for _ in 0..16 {
+            prepared.push(f.acme.prepare("POST", "/v1/automations", Some(body.as_bytes())).await);
+        }
+        let tasks: Vec<_> = prepared.into_iter().map(|p| tokio::spawn(p.send())).collect();
+        let mut ids = Vec::new();
+        for task in tasks {
+            let response = task.await.expect("the request task");
+            assert_eq!(response.status, 202, "{}", response.text());
+            ids.push(response.json()["id"].clone());
+        }
+        ids.dedup();
+        assert_eq!(ids.len(), 1, "{ids:?}");
+        let id = ids[0].as_str().expect("an id");
+        assert_eq!(finished(&f.acme, id).await["result"], 42);
+        let other = submit(&f.acme, "return 6*7").await;
+        assert_ne!(other, id, "without the key it is another automation");
+        // The same key for another script is a conflict, not that script's id.
+        let reused = f.acme.post("/v1/automations", &json!({ "source": "return 1", "idempotencyKey": "order-42" })).await;
+        assert_eq!((reused.status, reused.json()["error"]["code"].clone()), (409, json!("IDEMPOTENCY_CONFLICT")));
     }
 }
 
-async fn restart_scenario(mut f: Fixture) {
-    let id = submit(&f.acme, REFUND).await;
-    let approval = pending(&f.acme, &id).await;
-    assert_eq!(f.db.host_calls(&id, "orders.get").await, 1);
+on_both_backends! {
+    async fn an_approved_refund_happens_once_and_the_read_is_not_repeated(backend) {
+        let Some(f) = Fixture::start_on(backend, "approve", None) else { return };
+        let id = submit(&f.acme, REFUND).await;
+        let approval = pending(&f.acme, &id).await;
+        assert_eq!((&approval["automationId"], &approval["round"]), (&json!(id), &json!(1)));
+        let requests = approval["requests"].as_array().expect("requests");
+        assert_eq!(requests.len(), 1, "{approval}");
+        assert_eq!(requests[0]["function"], "orders.refund");
+        assert_eq!(requests[0]["request"], json!({ "kind": "refund-approval", "orderId": "A-1002", "amount": 1500 }));
+        assert!(f.db.refunds("acme").await.is_empty(), "nothing refunded before the approval");
 
-    f.restart();
-    assert_still_waiting(&f.acme, &id, &approval).await;
-    let decided = decide(&f.acme, &id, &decide_all(&approval, true)).await;
-    assert_eq!(decided.status, 202, "{}", decided.text());
-    let view = finished(&f.acme, &id).await;
-    assert_eq!(view["status"], "completed", "{view}\n{}", f.server.log_text());
-    assert_eq!(view["result"]["refunded"], 1500, "{view}");
-    assert_eq!(f.db.refunds("acme").await, [("A-1002".to_owned(), 1500)]);
-    assert_eq!(f.db.host_calls(&id, "orders.get").await, 1, "orders.get did not run again after the restart");
-}
+        // The approval is listed for acme's approvers only.
+        let listed = f.acme.get("/v1/approvals").await;
+        assert_eq!(listed.status, 200, "{}", listed.text());
+        assert_eq!(listed.json()["approvals"], json!([approval]));
+        let globex = f.server.client(Some("demo-globex")).get("/v1/approvals").await;
+        assert_eq!(globex.json()["approvals"], json!([]), "{}", globex.text());
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_stops_the_server_gracefully_and_a_new_one_finishes_the_automation() {
-    let mut f = Fixture::start("sigterm");
-    let id = submit(&f.acme, REFUND).await;
-    let approval = pending(&f.acme, &id).await;
-    let status = f.server.terminate(WAIT).await.expect("the server stops on SIGTERM");
-    assert!(status.success(), "{status:?}\n{}", f.server.log_text());
-    f.restart();
-    assert_still_waiting(&f.acme, &id, &approval).await;
-    assert_eq!(decide(&f.acme, &id, &decide_all(&approval, true)).await.status, 202);
-    assert_eq!(finished(&f.acme, &id).await["result"]["refunded"], 1500);
-    assert_eq!(f.db.refunds("acme").await.len(), 1);
-    assert_eq!(f.db.host_calls(&id, "orders.get").await, 1);
-}
-
-/// BUG (reported): a live event stream of an automation that waits keeps the server from
-/// shutting down on SIGTERM until the client disconnects (axum's graceful shutdown waits for the
-/// response, which only ends when the automation does). Run with `--ignored` to see it fail.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sigterm_ends_live_event_streams() {
-    let mut f = Fixture::start("sigterm-stream");
-    let id = submit(&f.acme, REFUND).await;
-    pending(&f.acme, &id).await;
-    let (head, mut live) = f.acme.stream(&format!("/v1/automations/{id}/events?from=0")).await;
-    assert_eq!(head.status, 200);
-    assert_eq!(live.next_json().await.expect("an event")["index"], 0);
-    let status = f.server.terminate(std::time::Duration::from_secs(15)).await;
-    assert!(status.is_some(), "the server still runs 15 s after SIGTERM, held by an open event stream");
-    assert_eq!(live.next_line().await, None, "the stream ends");
-}
-
-/// Slow (the engine's 30 s lease must run out): a server SIGKILLed while the approved round runs,
-/// after its refund was applied, is replaced; the round runs again from its continuation and the
-/// refund is not applied twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "slow: waits out the engine's 30 s lease"]
-async fn a_server_killed_while_the_approved_round_runs_refunds_once() {
-    let mut f = Fixture::start("crash-mid-round");
-    let id = submit(&f.acme, REFUND_THEN_WORK).await;
-    let approval = pending(&f.acme, &id).await;
-    assert_eq!(decide(&f.acme, &id, &decide_all(&approval, true)).await.status, 202);
-    let deadline = tokio::time::Instant::now() + WAIT;
-    while f.db.refunds("acme").await.is_empty() {
-        assert!(tokio::time::Instant::now() < deadline, "the refund was never applied");
-        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
-    }
-    f.restart();
-    let before = view(&f.acme, &id).await;
-    assert!(!is_terminal(&before), "killed too late to test anything: {before}");
-    let view = poll(&f.acme, &id, "ended", is_terminal).await;
-    assert_eq!(view["status"], "completed", "{view}\n{}", f.server.log_text());
-    assert_eq!(view["result"]["refunded"], 1500, "{view}");
-    assert_eq!(f.db.refunds("acme").await, [("A-1002".to_owned(), 1500)]);
-    assert_eq!(f.db.refunded_cents("acme", "A-1002").await, 1500);
-    assert_eq!(f.db.host_calls(&id, "orders.get").await, 1);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_same_decision_twice_is_a_conflict() {
-    let f = Fixture::start("twice");
-    let id = submit(&f.acme, REFUND_THEN_WORK).await;
-    let approval = pending(&f.acme, &id).await;
-    let body = decide_all(&approval, true);
-    let first = decide(&f.acme, &id, &body).await;
-    assert_eq!(first.status, 202, "{}", first.text());
-    // The automation computes for a while after the decision: it has not ended yet.
-    assert_error(&decide(&f.acme, &id, &body).await, 409, "ALREADY_DECIDED");
-    let view = finished(&f.acme, &id).await;
-    assert_eq!(view["status"], "completed", "{view}");
-    assert_eq!(f.db.refunds("acme").await.len(), 1);
-    // Once it has ended, a decision is for an automation that is gone.
-    assert_error(&decide(&f.acme, &id, &body).await, 410, "ENDED");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn of_32_concurrent_decisions_exactly_one_is_accepted() {
-    concurrent_decisions_scenario(Fixture::start("of_32_concurrent_dec")).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn of_32_concurrent_decisions_exactly_one_is_accepted_on_postgres() {
-    if let Some(f) = Fixture::start_postgres("of_32_concurrent_dec") {
-        concurrent_decisions_scenario(f).await;
+        let decided = decide(&f.acme, &id, &decide_all(&approval, true)).await;
+        assert_eq!(decided.status, 202, "{}", decided.text());
+        assert_eq!(decided.json(), json!({ "id": id, "round": 1 }));
+        let view = finished(&f.acme, &id).await;
+        assert_eq!(view["status"], "completed", "{view}");
+        assert_eq!(view["rounds"], 1);
+        assert_eq!(view["pendingApproval"], Value::Null);
+        let result = &view["result"];
+        assert_eq!(
+            (&result["approved"], &result["orderId"], &result["refunded"]),
+            (&json!(true), &json!("A-1002"), &json!(1500))
+        );
+        assert_eq!(f.db.refunds("acme").await, [("A-1002".to_owned(), 1500)]);
+        assert_eq!(f.db.refunded_cents("acme", "A-1002").await, 1500);
+        assert_eq!(f.db.host_calls(&id, "orders.get").await, 1, "orders.get was replayed, not run again");
+        assert_eq!(f.acme.get("/v1/approvals").await.json()["approvals"], json!([]));
     }
 }
 
-async fn concurrent_decisions_scenario(f: Fixture) {
-    let id = submit(&f.acme, REFUND_THEN_WORK).await;
-    let approval = pending(&f.acme, &id).await;
-    let path = format!("/v1/automations/{id}/decisions");
-    let mut prepared = Vec::new();
-    for i in 0..32 {
-        let body = decide_all(&approval, i % 2 == 0).to_string();
-        prepared.push(f.acme.prepare("POST", &path, Some(body.as_bytes())).await);
+on_both_backends! {
+    async fn a_rejected_refund_changes_nothing_and_the_script_sees_why(backend) {
+        let Some(f) = Fixture::start_on(backend, "reject", None) else { return };
+        let id = submit(&f.acme, REFUND).await;
+        let approval = pending(&f.acme, &id).await;
+        let decided = decide(&f.acme, &id, &decide_all(&approval, false)).await;
+        assert_eq!(decided.status, 202, "{}", decided.text());
+        let view = finished(&f.acme, &id).await;
+        assert_eq!(view["status"], "completed", "{view}");
+        assert_eq!(view["result"], json!({ "approved": false, "orderId": "A-1002", "reason": "checked" }));
+        assert!(f.db.refunds("acme").await.is_empty());
+        assert_eq!(f.db.refunded_cents("acme", "A-1002").await, 0);
+        assert_eq!(f.db.host_calls(&id, "orders.get").await, 1);
     }
-    let tasks: Vec<_> = prepared.into_iter().map(|p| tokio::spawn(p.send())).collect();
-    let mut responses = Vec::new();
-    for task in tasks {
-        responses.push(task.await.expect("the request task"));
-    }
-    let statuses: Vec<u16> = responses.iter().map(|r| r.status).collect();
-    assert_eq!(statuses.iter().filter(|&&s| s == 202).count(), 1, "{statuses:?}");
-    for response in responses.iter().filter(|r| r.status != 202) {
-        assert_error(response, 409, "ALREADY_DECIDED");
-    }
-    let view = finished(&f.acme, &id).await;
-    assert_eq!(view["status"], "completed", "{view}");
-    let approved = view["result"]["approved"].as_bool().expect("the refund's answer");
-    assert_eq!(f.db.refunds("acme").await.len(), usize::from(approved), "{view}");
-    let decided: Vec<Value> =
-        events(&f.acme, &id, 0).await.into_iter().filter(|e| e["event"]["type"] == "decided").collect();
-    assert_eq!(decided.len(), 1, "{decided:?}");
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn callers_that_may_not_decide_resume_nothing() {
-    let f = Fixture::start_with("authz", Some(SUBMIT_ONLY_KEYS));
-    let id = submit(&f.acme, REFUND).await;
-    let approval = pending(&f.acme, &id).await;
-    let body = decide_all(&approval, true);
-    let path = format!("/v1/automations/{id}/decisions");
+on_both_backends! {
+    async fn two_rounds_the_first_a_parallel_batch_decided_in_one_request(backend) {
+        let Some(f) = Fixture::start_on(backend, "rounds", None) else { return };
+        let source = "const both = await Promise.all([orders.refund('A-1001', 100), orders.refund('A-1003', 200)]);
+            const last = await orders.refund('A-1004', 300);
+            return [both.map(r => r.refunded), last.refunded];";
+        let id = submit(&f.acme, source).await;
+        let first = pending(&f.acme, &id).await;
+        assert_eq!(first["round"], 1);
+        let orders: Vec<&Value> = first["requests"].as_array().expect("requests").iter().map(|r| &r["request"]).collect();
+        assert_eq!(
+            orders,
+            [
+                &json!({ "kind": "refund-approval", "orderId": "A-1001", "amount": 100 }),
+                &json!({ "kind": "refund-approval", "orderId": "A-1003", "amount": 200 }),
+            ],
+            "both refunds wait in one batch"
+        );
 
-    // No key, an unknown key, another scheme.
-    assert_error(&decide(&f.server.client(None), &id, &body).await, 401, "UNAUTHORIZED");
-    assert_error(&decide(&f.server.client(Some("not-a-configured-key")), &id, &body).await, 401, "UNAUTHORIZED");
-    assert_error(&f.server.client(None).get("/v1/approvals").await, 401, "UNAUTHORIZED");
-    assert_error(&f.server.client(None).get(&format!("/v1/automations/{id}")).await, 401, "UNAUTHORIZED");
+        // A batch must decide every pending request exactly once; otherwise nothing resumes.
+        let ids: Vec<Value> =
+            first["requests"].as_array().expect("requests").iter().map(|r| r["interruptionId"].clone()).collect();
+        let only_one = json!({ "decisions": [{ "interruptionId": ids[0], "approved": true }] });
+        assert_error(&decide(&f.acme, &id, &only_one).await, 422, "INVALID_DECISIONS");
+        let twice = json!({ "decisions": [
+            { "interruptionId": ids[0], "approved": true },
+            { "interruptionId": ids[0], "approved": true },
+            { "interruptionId": ids[1], "approved": true },
+        ] });
+        assert_error(&decide(&f.acme, &id, &twice).await, 422, "INVALID_DECISIONS");
+        assert_error(&decide(&f.acme, &id, &json!({ "decisions": [] })).await, 422, "INVALID_DECISIONS");
+        assert_still_waiting(&f.acme, &id, &first).await;
 
-    // Another tenant's approver can neither decide nor read acme's automation.
-    let globex = f.server.client(Some("demo-globex"));
-    assert_error(&decide(&globex, &id, &body).await, 403, "FORBIDDEN");
-    assert_error(&globex.get(&format!("/v1/automations/{id}")).await, 403, "FORBIDDEN");
-    assert_error(&globex.get(&format!("/v1/automations/{id}/events")).await, 403, "FORBIDDEN");
-    assert_error(&globex.post(&format!("/v1/automations/{id}/cancel"), &json!({})).await, 403, "FORBIDDEN");
+        let decided = decide(&f.acme, &id, &decide_all(&first, true)).await;
+        assert_eq!(decided.json(), json!({ "id": id, "round": 1 }), "{}", decided.text());
+        let second = pending(&f.acme, &id).await;
+        assert_eq!(second["round"], 2, "{second}");
+        assert_eq!(second["requests"].as_array().map(Vec::len), Some(1));
+        assert_eq!(second["requests"][0]["request"]["orderId"], "A-1004");
+        assert_eq!(f.db.refunds("acme").await.len(), 2, "the first batch is applied before the second round");
 
-    // A submitter of the same tenant (from --keys, next to the demo keys) may submit and read,
-    // not decide or list approvals.
-    let bob = f.server.client(Some("submit-only-key"));
-    assert_error(&bob.post_raw(&path, body.to_string().as_bytes()).await, 403, "FORBIDDEN");
-    assert_error(&bob.get("/v1/approvals").await, 403, "FORBIDDEN");
-    assert_eq!(view(&bob, &id).await["pendingApproval"], approval);
-    let bobs = submit(&bob, "return 'bob'").await;
-    assert_eq!(finished(&bob, &bobs).await["submittedBy"], "bob");
+        // Round 1's batch again: refused, and round 2 is still open. (Today this is 422: a decision
+        // request names no round, so a late duplicate is judged against round 2's requests.)
+        let again = decide(&f.acme, &id, &decide_all(&first, true)).await;
+        assert!(matches!(again.status, 409 | 422), "{} {}", again.status, again.text());
+        assert_still_waiting(&f.acme, &id, &second).await;
 
-    // A decision for an interruption that is not pending.
-    let unknown = json!({ "decisions": [{ "interruptionId": "interrupt-99", "approved": true }] });
-    assert_error(&decide(&f.acme, &id, &unknown).await, 422, "INVALID_DECISIONS");
-    let not_an_id = json!({ "decisions": [{ "interruptionId": "refund", "approved": true }] });
-    assert_error(&decide(&f.acme, &id, &not_an_id).await, 422, "INVALID_DECISIONS");
-
-    assert_still_waiting(&f.acme, &id, &approval).await;
-    assert!(f.db.refunds("acme").await.is_empty());
-    let (_, mut live) = f.acme.stream(&format!("/v1/automations/{id}/events?from=0")).await;
-    let first = live.next_json().await.expect("an event");
-    assert_eq!((&first["index"], &first["event"]["type"]), (&json!(0), &json!("approval_requested")));
-
-    // The rightful approver still can; the next event is its decision.
-    assert_eq!(decide(&f.acme, &id, &body).await.status, 202);
-    let next = live.next_json().await.expect("an event");
-    assert_eq!((&next["index"], &next["event"]["type"]), (&json!(1), &json!("decided")), "nothing was decided before");
-    assert_eq!(finished(&f.acme, &id).await["status"], "completed");
-    assert_eq!(f.db.refunds("acme").await.len(), 1);
+        let decided = decide(&f.acme, &id, &decide_all(&second, true)).await;
+        assert_eq!(decided.json(), json!({ "id": id, "round": 2 }), "{}", decided.text());
+        let view = finished(&f.acme, &id).await;
+        assert_eq!(view["status"], "completed", "{view}");
+        assert_eq!((&view["result"], &view["rounds"]), (&json!([[100, 200], 300]), &json!(2)));
+        let mut refunds = f.db.refunds("acme").await;
+        refunds.sort();
+        assert_eq!(refunds, [("A-1001".to_owned(), 100), ("A-1003".to_owned(), 200), ("A-1004".to_owned(), 300)]);
+        let types = indexes_and_types(&events(&f.acme, &id, 0).await);
+        let expected = ["approval_requested", "decided", "approval_requested", "decided", "completed"];
+        assert_eq!(types, expected.iter().enumerate().map(|(i, t)| (i as u64, t.to_string())).collect::<Vec<_>>());
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn bad_input_is_refused_with_an_error_body_and_the_server_keeps_answering() {
-    let mut f = Fixture::start("input");
-    let submit_path = "/v1/automations";
-    let bad_submissions: &[(&[u8], u16, &str)] = &[
-        (b"{\"source\": ", 400, "BAD_REQUEST"),
-        (b"not json at all", 400, "BAD_REQUEST"),
-        (b"", 400, "BAD_REQUEST"),
-        (b"[]", 400, "BAD_REQUEST"),
-        (b"{}", 400, "BAD_REQUEST"),
-        (b"{\"source\": \"return 1\", \"extra\": true}", 400, "BAD_REQUEST"),
-        (b"{\"source\": 42}", 400, "BAD_REQUEST"),
-        (b"{\"source\": \"return 1\", \"idempotencyKey\": 5}", 400, "BAD_REQUEST"),
-        (b"{\"source\": \"return 1\", \"idempotencyKey\": \"\"}", 400, "BAD_REQUEST"),
-        (b"{\"source\": \"\xff\xfe\"}", 400, "BAD_REQUEST"),
-    ];
-    for (body, status, code) in bad_submissions {
-        let response = f.acme.post_raw(submit_path, body).await;
-        assert_error(&response, *status, code);
-    }
+on_both_backends! {
+    async fn a_server_killed_while_waiting_is_replaced_and_the_automation_finishes_once(backend) {
+        let Some(mut f) = Fixture::start_on(backend, "restart", None) else { return };
+        let id = submit(&f.acme, REFUND).await;
+        let approval = pending(&f.acme, &id).await;
+        assert_eq!(f.db.host_calls(&id, "orders.get").await, 1);
 
-    // A script of exactly 256 KiB is accepted; one byte more is too large; so is a body over 1 MiB.
-    let mut limit = "return 1; //".to_owned();
-    limit.push_str(&"x".repeat(256 * 1024 - limit.len()));
-    let at_limit = submit(&f.acme, &limit).await;
-    assert_eq!(finished(&f.acme, &at_limit).await["result"], 1);
-    let big = format!("{limit}x");
-    assert_error(&f.acme.post(submit_path, &json!({ "source": big })).await, 413, "TOO_LARGE");
-    let huge = format!("return 1; // {}", "x".repeat(1024 * 1024));
-    assert_error(&f.acme.post(submit_path, &json!({ "source": huge })).await, 413, "TOO_LARGE");
-
-    // Decisions and queries are just as strict.
-    let id = submit(&f.acme, REFUND).await;
-    let approval = pending(&f.acme, &id).await;
-    let interruption = approval["requests"][0]["interruptionId"].as_str().expect("an id").to_owned();
-    let decisions = format!("/v1/automations/{id}/decisions");
-    let bad_decisions = [
-        "{\"decisions\": [".to_owned(),
-        "{\"decisions\": {}}".to_owned(),
-        "{\"decision\": []}".to_owned(),
-        format!("{{\"decisions\": [{{\"interruptionId\": \"{interruption}\", \"approved\": \"yes\"}}]}}"),
-        format!("{{\"decisions\": [{{\"interruptionId\": \"{interruption}\", \"approved\": true, \"extra\": 1}}]}}"),
-        format!("{{\"decisions\": [{{\"interruptionId\": \"{interruption}\"}}]}}"),
-        format!(
-            "{{\"decisions\": [{{\"interruptionId\": \"{interruption}\", \"approved\": true}}], \"actor\": \"x\"}}"
-        ),
-    ];
-    for body in &bad_decisions {
-        assert_error(&f.acme.post_raw(&decisions, body.as_bytes()).await, 400, "BAD_REQUEST");
+        f.restart();
+        assert_still_waiting(&f.acme, &id, &approval).await;
+        let decided = decide(&f.acme, &id, &decide_all(&approval, true)).await;
+        assert_eq!(decided.status, 202, "{}", decided.text());
+        let view = finished(&f.acme, &id).await;
+        assert_eq!(view["status"], "completed", "{view}\n{}", f.server.log_text());
+        assert_eq!(view["result"]["refunded"], 1500, "{view}");
+        assert_eq!(f.db.refunds("acme").await, [("A-1002".to_owned(), 1500)]);
+        assert_eq!(f.db.host_calls(&id, "orders.get").await, 1, "orders.get did not run again after the restart");
     }
-    let long_reason =
-        json!({ "decisions": [{ "interruptionId": interruption, "approved": true, "reason": "r".repeat(1001) }] });
-    assert_error(&decide(&f.acme, &id, &long_reason).await, 422, "INVALID_DECISIONS");
-    for query in ["from=abc", "from=-1", "from=1.5", "since=0"] {
-        let response = f.acme.get(&format!("/v1/automations/{id}/events?{query}")).await;
-        assert_error(&response, 400, "BAD_REQUEST");
-    }
-    assert_error(&f.acme.get("/v1/nothing-here").await, 404, "NOT_FOUND");
-    assert_error(&f.acme.request("DELETE", "/v1/automations", None).await, 405, "METHOD_NOT_ALLOWED");
-    assert_still_waiting(&f.acme, &id, &approval).await;
-
-    // Still serving, and still working.
-    assert!(f.server.is_running(), "{}", f.server.log_text());
-    let health = f.acme.get("/healthz").await;
-    assert_eq!((health.status, health.json()), (200, json!({ "ok": true })));
-    assert_eq!(decide(&f.acme, &id, &decide_all(&approval, true)).await.status, 202);
-    assert_eq!(finished(&f.acme, &id).await["result"]["refunded"], 1500);
-    let plain = submit(&f.acme, "return 6*7").await;
-    assert_eq!(finished(&f.acme, &plain).await["result"], 42);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn event_streams_are_complete_resumable_from_the_middle_and_live() {
-    let f = Fixture::start("events");
-    let id = submit(&f.acme, REFUND).await;
-    let approval = pending(&f.acme, &id).await;
-
-    // Two live readers, one from the start and one from the middle, opened while it waits.
-    let (head, mut live) = f.acme.stream(&format!("/v1/automations/{id}/events?from=0")).await;
-    assert_eq!(head.status, 200, "{head:?}");
-    assert_eq!(head.header("content-type"), Some("application/x-ndjson"));
-    let (head, mut middle) = f.acme.stream(&format!("/v1/automations/{id}/events?from=1")).await;
-    assert_eq!(head.status, 200, "{head:?}");
-    let first = live.next_json().await.expect("the first event");
-    assert_eq!(first["index"], 0);
-    assert_eq!(first["event"]["type"], "approval_requested");
-    assert_eq!(first["event"]["pending"], approval["requests"]);
-
-    assert_eq!(decide(&f.acme, &id, &decide_all(&approval, true)).await.status, 202);
-    let rest = live.rest().await;
-    assert_eq!(indexes_and_types(&rest), [(1, "decided".to_owned()), (2, "completed".to_owned())], "{rest:?}");
-    assert_eq!(rest[0]["event"]["actor"], "acme-demo");
-    assert_eq!(rest[0]["event"]["decisions"][0]["approved"], true);
-    assert_eq!(rest[1]["event"]["value"]["refunded"], 1500);
-    assert_eq!(middle.rest().await, rest, "the reader from the middle got the same events");
-    assert_eq!(finished(&f.acme, &id).await["status"], "completed");
-
-    // After the end: all of it from 0, the rest from the middle, nothing from the end on.
-    let all = events(&f.acme, &id, 0).await;
-    assert_eq!(all[0], first);
-    assert_eq!(&all[1..], &rest[..]);
-    assert_eq!(events(&f.acme, &id, 1).await, rest);
-    assert_eq!(events(&f.acme, &id, 2).await, rest[1..]);
-    assert_eq!(events(&f.acme, &id, 3).await, Vec::<Value>::new());
-    assert_eq!(events(&f.acme, &id, 1000).await, Vec::<Value>::new());
-    // `from` defaults to 0.
-    assert_eq!(f.acme.get(&format!("/v1/automations/{id}/events")).await.body_lines(), all);
+on_both_backends! {
+    async fn sigterm_stops_the_server_gracefully_and_a_new_one_finishes_the_automation(backend) {
+        let Some(mut f) = Fixture::start_on(backend, "sigterm", None) else { return };
+        let id = submit(&f.acme, REFUND).await;
+        let approval = pending(&f.acme, &id).await;
+        let status = f.server.terminate(WAIT).await.expect("the server stops on SIGTERM");
+        assert!(status.success(), "{status:?}\n{}", f.server.log_text());
+        f.restart();
+        assert_still_waiting(&f.acme, &id, &approval).await;
+        assert_eq!(decide(&f.acme, &id, &decide_all(&approval, true)).await.status, 202);
+        assert_eq!(finished(&f.acme, &id).await["result"]["refunded"], 1500);
+        assert_eq!(f.db.refunds("acme").await.len(), 1);
+        assert_eq!(f.db.host_calls(&id, "orders.get").await, 1);
+    }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn unknown_automations_are_not_found_and_cancelled_ones_are_gone() {
-    let f = Fixture::start("cancel");
-    for path in [
-        "/v1/automations/run_0123456789abcdef0123456789abcdef",
-        "/v1/automations/run_0123456789abcdef0123456789abcdef/events",
-        "/v1/automations/not-an-id",
-        "/v1/automations/run_xyz/events",
-    ] {
-        assert_error(&f.acme.get(path).await, 404, "NOT_FOUND");
+on_both_backends! {
+    /// A live event stream of an automation that waits does not hold the server up on SIGTERM:
+    /// graceful shutdown ends the stream instead of waiting for the automation to end.
+    async fn sigterm_ends_live_event_streams(backend) {
+        let Some(mut f) = Fixture::start_on(backend, "sigterm_stream", None) else { return };
+        let id = submit(&f.acme, REFUND).await;
+        pending(&f.acme, &id).await;
+        let (head, mut live) = f.acme.stream(&format!("/v1/automations/{id}/events?from=0")).await;
+        assert_eq!(head.status, 200);
+        assert_eq!(live.next_json().await.expect("an event")["index"], 0);
+        let status = f.server.terminate(std::time::Duration::from_secs(15)).await;
+        assert!(status.is_some(), "the server still runs 15 s after SIGTERM, held by an open event stream");
+        assert_eq!(live.next_line().await, None, "the stream ends");
     }
-    let unknown = "run_0123456789abcdef0123456789abcdef";
-    let body = json!({ "decisions": [{ "interruptionId": "interrupt-1", "approved": true }] });
-    assert_error(&decide(&f.acme, unknown, &body).await, 404, "NOT_FOUND");
-    assert_error(&f.acme.post(&format!("/v1/automations/{unknown}/cancel"), &json!({})).await, 404, "NOT_FOUND");
+}
 
-    let id = submit(&f.acme, REFUND).await;
-    let approval = pending(&f.acme, &id).await;
-    let (head, mut live) = f.acme.stream(&format!("/v1/automations/{id}/events?from=0")).await;
-    assert_eq!(head.status, 200);
-    let cancel_path = format!("/v1/automations/{id}/cancel");
-    let cancelled = f.acme.post_raw(&cancel_path, b"").await;
-    assert_eq!(cancelled.status, 202, "{}", cancelled.text());
-    assert_eq!(cancelled.json()["id"], id.as_str());
-    let view = finished(&f.acme, &id).await;
-    assert_eq!(view["status"], "cancelled", "{view}");
-    assert_eq!(view["error"]["code"], "AUTOMATION_CANCELLED", "{view}");
-    assert_eq!((&view["pendingApproval"], &view["result"]), (&Value::Null, &Value::Null));
+on_both_backends! {
+    /// Slow (the engine's 30 s lease must run out): a server SIGKILLed while the approved round runs,
+    /// after its refund was applied, is replaced; the round runs again from its continuation and the
+    /// refund is not applied twice.
+    #[ignore = "slow: waits out the engine's 30 s lease"]
+    async fn a_server_killed_while_the_approved_round_runs_refunds_once(backend) {
+        let Some(mut f) = Fixture::start_on(backend, "crash_mid_round", None) else { return };
+        let id = submit(&f.acme, REFUND_THEN_WORK).await;
+        let approval = pending(&f.acme, &id).await;
+        assert_eq!(decide(&f.acme, &id, &decide_all(&approval, true)).await.status, 202);
+        let deadline = tokio::time::Instant::now() + WAIT;
+        while f.db.refunds("acme").await.is_empty() {
+            assert!(tokio::time::Instant::now() < deadline, "the refund was never applied");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        f.restart();
+        let before = view(&f.acme, &id).await;
+        assert!(!is_terminal(&before), "killed too late to test anything: {before}");
+        let view = poll(&f.acme, &id, "ended", is_terminal).await;
+        assert_eq!(view["status"], "completed", "{view}\n{}", f.server.log_text());
+        assert_eq!(view["result"]["refunded"], 1500, "{view}");
+        assert_eq!(f.db.refunds("acme").await, [("A-1002".to_owned(), 1500)]);
+        assert_eq!(f.db.refunded_cents("acme", "A-1002").await, 1500);
+        assert_eq!(f.db.host_calls(&id, "orders.get").await, 1);
+    }
+}
 
-    assert_error(&decide(&f.acme, &id, &decide_all(&approval, true)).await, 410, "ENDED");
-    assert_error(&f.acme.post_raw(&cancel_path, b"").await, 410, "ENDED");
-    assert!(f.db.refunds("acme").await.is_empty());
-    // A live reader of a cancelled automation is not left hanging.
-    let events = live.rest().await;
-    assert_eq!(events.first().map(|e| &e["event"]["type"]), Some(&json!("approval_requested")), "{events:?}");
-    assert!(events.iter().all(|e| e["event"]["type"] != "decided"), "{events:?}");
+on_both_backends! {
+    async fn the_same_decision_twice_is_a_conflict(backend) {
+        let Some(f) = Fixture::start_on(backend, "twice", None) else { return };
+        let id = submit(&f.acme, REFUND_THEN_WORK).await;
+        let approval = pending(&f.acme, &id).await;
+        let body = decide_all(&approval, true);
+        let first = decide(&f.acme, &id, &body).await;
+        assert_eq!(first.status, 202, "{}", first.text());
+        // The automation computes for a while after the decision: it has not ended yet.
+        assert_error(&decide(&f.acme, &id, &body).await, 409, "ALREADY_DECIDED");
+        let view = finished(&f.acme, &id).await;
+        assert_eq!(view["status"], "completed", "{view}");
+        assert_eq!(f.db.refunds("acme").await.len(), 1);
+        // Once it has ended, a decision is for an automation that is gone.
+        assert_error(&decide(&f.acme, &id, &body).await, 410, "ENDED");
+    }
+}
+
+on_both_backends! {
+    async fn of_32_concurrent_decisions_exactly_one_is_accepted(backend) {
+        let Some(f) = Fixture::start_on(backend, "concurrent", None) else { return };
+        let id = submit(&f.acme, REFUND_THEN_WORK).await;
+        let approval = pending(&f.acme, &id).await;
+        let path = format!("/v1/automations/{id}/decisions");
+        let mut prepared = Vec::new();
+        for i in 0..32 {
+            let body = decide_all(&approval, i % 2 == 0).to_string();
+            prepared.push(f.acme.prepare("POST", &path, Some(body.as_bytes())).await);
+        }
+        let tasks: Vec<_> = prepared.into_iter().map(|p| tokio::spawn(p.send())).collect();
+        let mut responses = Vec::new();
+        for task in tasks {
+            responses.push(task.await.expect("the request task"));
+        }
+        let statuses: Vec<u16> = responses.iter().map(|r| r.status).collect();
+        assert_eq!(statuses.iter().filter(|&&s| s == 202).count(), 1, "{statuses:?}");
+        for response in responses.iter().filter(|r| r.status != 202) {
+            assert_error(response, 409, "ALREADY_DECIDED");
+        }
+        let view = finished(&f.acme, &id).await;
+        assert_eq!(view["status"], "completed", "{view}");
+        let approved = view["result"]["approved"].as_bool().expect("the refund's answer");
+        assert_eq!(f.db.refunds("acme").await.len(), usize::from(approved), "{view}");
+        let decided: Vec<Value> =
+            events(&f.acme, &id, 0).await.into_iter().filter(|e| e["event"]["type"] == "decided").collect();
+        assert_eq!(decided.len(), 1, "{decided:?}");
+    }
+}
+
+on_both_backends! {
+    async fn callers_that_may_not_decide_resume_nothing(backend) {
+        let Some(f) = Fixture::start_on(backend, "authz", Some(SUBMIT_ONLY_KEYS)) else { return };
+        let id = submit(&f.acme, REFUND).await;
+        let approval = pending(&f.acme, &id).await;
+        let body = decide_all(&approval, true);
+        let path = format!("/v1/automations/{id}/decisions");
+
+        // No key, an unknown key, another scheme.
+        assert_error(&decide(&f.server.client(None), &id, &body).await, 401, "UNAUTHORIZED");
+        assert_error(&decide(&f.server.client(Some("not-a-configured-key")), &id, &body).await, 401, "UNAUTHORIZED");
+        assert_error(&f.server.client(None).get("/v1/approvals").await, 401, "UNAUTHORIZED");
+        assert_error(&f.server.client(None).get(&format!("/v1/automations/{id}")).await, 401, "UNAUTHORIZED");
+
+        // Another tenant's approver can neither decide nor read acme's automation.
+        let globex = f.server.client(Some("demo-globex"));
+        assert_error(&decide(&globex, &id, &body).await, 403, "FORBIDDEN");
+        assert_error(&globex.get(&format!("/v1/automations/{id}")).await, 403, "FORBIDDEN");
+        assert_error(&globex.get(&format!("/v1/automations/{id}/events")).await, 403, "FORBIDDEN");
+        assert_error(&globex.post(&format!("/v1/automations/{id}/cancel"), &json!({})).await, 403, "FORBIDDEN");
+
+        // A submitter of the same tenant (from --keys, next to the demo keys) may submit and read,
+        // not decide or list approvals.
+        let bob = f.server.client(Some("submit-only-key"));
+        assert_error(&bob.post_raw(&path, body.to_string().as_bytes()).await, 403, "FORBIDDEN");
+        assert_error(&bob.get("/v1/approvals").await, 403, "FORBIDDEN");
+        assert_eq!(view(&bob, &id).await["pendingApproval"], approval);
+        let bobs = submit(&bob, "return 'bob'").await;
+        assert_eq!(finished(&bob, &bobs).await["submittedBy"], "bob");
+
+        // A decision for an interruption that is not pending.
+        let unknown = json!({ "decisions": [{ "interruptionId": "interrupt-99", "approved": true }] });
+        assert_error(&decide(&f.acme, &id, &unknown).await, 422, "INVALID_DECISIONS");
+        let not_an_id = json!({ "decisions": [{ "interruptionId": "refund", "approved": true }] });
+        assert_error(&decide(&f.acme, &id, &not_an_id).await, 422, "INVALID_DECISIONS");
+
+        assert_still_waiting(&f.acme, &id, &approval).await;
+        assert!(f.db.refunds("acme").await.is_empty());
+        let (_, mut live) = f.acme.stream(&format!("/v1/automations/{id}/events?from=0")).await;
+        let first = live.next_json().await.expect("an event");
+        assert_eq!((&first["index"], &first["event"]["type"]), (&json!(0), &json!("approval_requested")));
+
+        // The rightful approver still can; the next event is its decision.
+        assert_eq!(decide(&f.acme, &id, &body).await.status, 202);
+        let next = live.next_json().await.expect("an event");
+        assert_eq!((&next["index"], &next["event"]["type"]), (&json!(1), &json!("decided")), "nothing was decided before");
+        assert_eq!(finished(&f.acme, &id).await["status"], "completed");
+        assert_eq!(f.db.refunds("acme").await.len(), 1);
+    }
+}
+
+on_both_backends! {
+    async fn bad_input_is_refused_with_an_error_body_and_the_server_keeps_answering(backend) {
+        let Some(mut f) = Fixture::start_on(backend, "input", None) else { return };
+        let submit_path = "/v1/automations";
+        let bad_submissions: &[(&[u8], u16, &str)] = &[
+            (b"{\"source\": ", 400, "BAD_REQUEST"),
+            (b"not json at all", 400, "BAD_REQUEST"),
+            (b"", 400, "BAD_REQUEST"),
+            (b"[]", 400, "BAD_REQUEST"),
+            (b"{}", 400, "BAD_REQUEST"),
+            (b"{\"source\": \"return 1\", \"extra\": true}", 400, "BAD_REQUEST"),
+            (b"{\"source\": 42}", 400, "BAD_REQUEST"),
+            (b"{\"source\": \"return 1\", \"idempotencyKey\": 5}", 400, "BAD_REQUEST"),
+            (b"{\"source\": \"return 1\", \"idempotencyKey\": \"\"}", 400, "BAD_REQUEST"),
+            (b"{\"source\": \"\xff\xfe\"}", 400, "BAD_REQUEST"),
+        ];
+        for (body, status, code) in bad_submissions {
+            let response = f.acme.post_raw(submit_path, body).await;
+            assert_error(&response, *status, code);
+        }
+
+        // A script of exactly 256 KiB is accepted; one byte more is too large; so is a body over 1 MiB.
+        let mut limit = "return 1; //".to_owned();
+        limit.push_str(&"x".repeat(256 * 1024 - limit.len()));
+        let at_limit = submit(&f.acme, &limit).await;
+        assert_eq!(finished(&f.acme, &at_limit).await["result"], 1);
+        let big = format!("{limit}x");
+        assert_error(&f.acme.post(submit_path, &json!({ "source": big })).await, 413, "TOO_LARGE");
+        let huge = format!("return 1; // {}", "x".repeat(1024 * 1024));
+        assert_error(&f.acme.post(submit_path, &json!({ "source": huge })).await, 413, "TOO_LARGE");
+
+        // Decisions and queries are just as strict.
+        let id = submit(&f.acme, REFUND).await;
+        let approval = pending(&f.acme, &id).await;
+        let interruption = approval["requests"][0]["interruptionId"].as_str().expect("an id").to_owned();
+        let decisions = format!("/v1/automations/{id}/decisions");
+        let bad_decisions = [
+            "{\"decisions\": [".to_owned(),
+            "{\"decisions\": {}}".to_owned(),
+            "{\"decision\": []}".to_owned(),
+            format!("{{\"decisions\": [{{\"interruptionId\": \"{interruption}\", \"approved\": \"yes\"}}]}}"),
+            format!("{{\"decisions\": [{{\"interruptionId\": \"{interruption}\", \"approved\": true, \"extra\": 1}}]}}"),
+            format!("{{\"decisions\": [{{\"interruptionId\": \"{interruption}\"}}]}}"),
+            format!(
+                "{{\"decisions\": [{{\"interruptionId\": \"{interruption}\", \"approved\": true}}], \"actor\": \"x\"}}"
+            ),
+        ];
+        for body in &bad_decisions {
+            assert_error(&f.acme.post_raw(&decisions, body.as_bytes()).await, 400, "BAD_REQUEST");
+        }
+        let long_reason =
+            json!({ "decisions": [{ "interruptionId": interruption, "approved": true, "reason": "r".repeat(1001) }] });
+        assert_error(&decide(&f.acme, &id, &long_reason).await, 422, "INVALID_DECISIONS");
+        for query in ["from=abc", "from=-1", "from=1.5", "since=0"] {
+            let response = f.acme.get(&format!("/v1/automations/{id}/events?{query}")).await;
+            assert_error(&response, 400, "BAD_REQUEST");
+        }
+        assert_error(&f.acme.get("/v1/nothing-here").await, 404, "NOT_FOUND");
+        assert_error(&f.acme.request("DELETE", "/v1/automations", None).await, 405, "METHOD_NOT_ALLOWED");
+        assert_still_waiting(&f.acme, &id, &approval).await;
+
+        // Still serving, and still working.
+        assert!(f.server.is_running(), "{}", f.server.log_text());
+        let health = f.acme.get("/healthz").await;
+        assert_eq!((health.status, health.json()), (200, json!({ "ok": true })));
+        assert_eq!(decide(&f.acme, &id, &decide_all(&approval, true)).await.status, 202);
+        assert_eq!(finished(&f.acme, &id).await["result"]["refunded"], 1500);
+        let plain = submit(&f.acme, "return 6*7").await;
+        assert_eq!(finished(&f.acme, &plain).await["result"], 42);
+    }
+}
+
+on_both_backends! {
+    async fn event_streams_are_complete_resumable_from_the_middle_and_live(backend) {
+        let Some(f) = Fixture::start_on(backend, "events", None) else { return };
+        let id = submit(&f.acme, REFUND).await;
+        let approval = pending(&f.acme, &id).await;
+
+        // Two live readers, one from the start and one from the middle, opened while it waits.
+        let (head, mut live) = f.acme.stream(&format!("/v1/automations/{id}/events?from=0")).await;
+        assert_eq!(head.status, 200, "{head:?}");
+        assert_eq!(head.header("content-type"), Some("application/x-ndjson"));
+        let (head, mut middle) = f.acme.stream(&format!("/v1/automations/{id}/events?from=1")).await;
+        assert_eq!(head.status, 200, "{head:?}");
+        let first = live.next_json().await.expect("the first event");
+        assert_eq!(first["index"], 0);
+        assert_eq!(first["event"]["type"], "approval_requested");
+        assert_eq!(first["event"]["pending"], approval["requests"]);
+
+        assert_eq!(decide(&f.acme, &id, &decide_all(&approval, true)).await.status, 202);
+        let rest = live.rest().await;
+        assert_eq!(indexes_and_types(&rest), [(1, "decided".to_owned()), (2, "completed".to_owned())], "{rest:?}");
+        assert_eq!(rest[0]["event"]["actor"], "acme-demo");
+        assert_eq!(rest[0]["event"]["decisions"][0]["approved"], true);
+        assert_eq!(rest[1]["event"]["value"]["refunded"], 1500);
+        assert_eq!(middle.rest().await, rest, "the reader from the middle got the same events");
+        assert_eq!(finished(&f.acme, &id).await["status"], "completed");
+
+        // After the end: all of it from 0, the rest from the middle, nothing from the end on.
+        let all = events(&f.acme, &id, 0).await;
+        assert_eq!(all[0], first);
+        assert_eq!(&all[1..], &rest[..]);
+        assert_eq!(events(&f.acme, &id, 1).await, rest);
+        assert_eq!(events(&f.acme, &id, 2).await, rest[1..]);
+        assert_eq!(events(&f.acme, &id, 3).await, Vec::<Value>::new());
+        assert_eq!(events(&f.acme, &id, 1000).await, Vec::<Value>::new());
+        // `from` defaults to 0.
+        assert_eq!(f.acme.get(&format!("/v1/automations/{id}/events")).await.body_lines(), all);
+    }
+}
+
+on_both_backends! {
+    async fn unknown_automations_are_not_found_and_cancelled_ones_are_gone(backend) {
+        let Some(f) = Fixture::start_on(backend, "cancel", None) else { return };
+        for path in [
+            "/v1/automations/run_0123456789abcdef0123456789abcdef",
+            "/v1/automations/run_0123456789abcdef0123456789abcdef/events",
+            "/v1/automations/not-an-id",
+            "/v1/automations/run_xyz/events",
+        ] {
+            assert_error(&f.acme.get(path).await, 404, "NOT_FOUND");
+        }
+        let unknown = "run_0123456789abcdef0123456789abcdef";
+        let body = json!({ "decisions": [{ "interruptionId": "interrupt-1", "approved": true }] });
+        assert_error(&decide(&f.acme, unknown, &body).await, 404, "NOT_FOUND");
+        assert_error(&f.acme.post(&format!("/v1/automations/{unknown}/cancel"), &json!({})).await, 404, "NOT_FOUND");
+
+        let id = submit(&f.acme, REFUND).await;
+        let approval = pending(&f.acme, &id).await;
+        let (head, mut live) = f.acme.stream(&format!("/v1/automations/{id}/events?from=0")).await;
+        assert_eq!(head.status, 200);
+        let cancel_path = format!("/v1/automations/{id}/cancel");
+        let cancelled = f.acme.post_raw(&cancel_path, b"").await;
+        assert_eq!(cancelled.status, 202, "{}", cancelled.text());
+        assert_eq!(cancelled.json()["id"], id.as_str());
+        let view = finished(&f.acme, &id).await;
+        assert_eq!(view["status"], "cancelled", "{view}");
+        assert_eq!(view["error"]["code"], "AUTOMATION_CANCELLED", "{view}");
+        assert_eq!((&view["pendingApproval"], &view["result"]), (&Value::Null, &Value::Null));
+
+        assert_error(&decide(&f.acme, &id, &decide_all(&approval, true)).await, 410, "ENDED");
+        assert_error(&f.acme.post_raw(&cancel_path, b"").await, 410, "ENDED");
+        assert!(f.db.refunds("acme").await.is_empty());
+        // A live reader of a cancelled automation is not left hanging.
+        let events = live.rest().await;
+        assert_eq!(events.first().map(|e| &e["event"]["type"]), Some(&json!("approval_requested")), "{events:?}");
+        assert!(events.iter().all(|e| e["event"]["type"] != "decided"), "{events:?}");
+    }
 }
 
 /// The lines of a complete NDJSON response, parsed.
