@@ -92,7 +92,7 @@ fn next_task(jobs: &Receiver<Task>) -> Option<Task> {
         match jobs.try_recv() {
             Ok(task) => return Some(task),
             Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
-            Err(crossbeam_channel::TryRecvError::Empty) => std::hint::spin_loop(),
+            Err(crossbeam_channel::TryRecvError::Empty) => thread::yield_now(),
         }
     }
     jobs.recv().ok()
@@ -111,7 +111,11 @@ pub(crate) async fn answer_soon<T>(
     while started.elapsed() < POLL_FOR_ANSWER {
         match answer.try_recv() {
             Ok(value) => return Ok(value),
-            Err(tokio::sync::oneshot::error::TryRecvError::Empty) => tokio::task::yield_now().await,
+            Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {
+                // Lets other threads of this core run (the worker may be one), then other tasks.
+                thread::yield_now();
+                tokio::task::yield_now().await;
+            }
             Err(tokio::sync::oneshot::error::TryRecvError::Closed) => break,
         }
     }

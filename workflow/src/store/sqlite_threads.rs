@@ -23,7 +23,7 @@ use crate::error::StoreError;
 /// How long an idle connection thread polls its queue before it sleeps.
 const SPIN_BEFORE_SLEEP: Duration = Duration::from_micros(200);
 /// How long a caller polls for its answer before it waits to be woken.
-const POLL_FOR_ANSWER: Duration = Duration::from_micros(200);
+const POLL_FOR_ANSWER: Duration = Duration::from_micros(500);
 
 type Work = Box<dyn FnOnce(&mut Connection) + Send>;
 
@@ -119,7 +119,12 @@ impl ConnectionPool {
         while started.elapsed() < POLL_FOR_ANSWER {
             match answer.try_recv() {
                 Ok(result) => return result,
-                Err(oneshot::error::TryRecvError::Empty) => tokio::task::yield_now().await,
+                Err(oneshot::error::TryRecvError::Empty) => {
+                    // Lets other threads of this core run (the database thread may be one),
+                    // then other tasks of this executor.
+                    thread::yield_now();
+                    tokio::task::yield_now().await;
+                }
                 Err(oneshot::error::TryRecvError::Closed) => break,
             }
         }
@@ -135,7 +140,7 @@ fn serve(connection: &mut Connection, work: &Receiver<Job>) -> Option<oneshot::S
             match work.try_recv() {
                 Ok(job) => break Some(job),
                 Err(TryRecvError::Disconnected) => return None,
-                Err(TryRecvError::Empty) if started.elapsed() < SPIN_BEFORE_SLEEP => std::hint::spin_loop(),
+                Err(TryRecvError::Empty) if started.elapsed() < SPIN_BEFORE_SLEEP => thread::yield_now(),
                 Err(TryRecvError::Empty) => break None,
             }
         };
