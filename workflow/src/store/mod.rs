@@ -8,6 +8,7 @@
 
 pub mod postgres;
 pub mod sqlite;
+mod sqlite_batch;
 mod sqlite_threads;
 
 use std::collections::BTreeMap;

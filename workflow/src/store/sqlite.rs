@@ -4,7 +4,8 @@
 //! Every store operation is one closure sent to a connection thread (see `sqlite_threads`): a
 //! whole transaction costs one hand-off between the caller's task and that thread, however many
 //! statements it runs. Writes go through a single writer connection and `BEGIN IMMEDIATE`
-//! transactions, so they never fail on a lock upgrade; reads of a file database go to a separate
+//! transactions, so they never fail on a lock upgrade; the writes waiting in its queue commit
+//! together, each in a savepoint of its own (see `sqlite_batch`), so one fsync serves many; reads of a file database go to a separate
 //! set of read-only connections (WAL readers do not block the writer). An in-memory database lives
 //! in its one writer connection, which serves the reads as well. Several processes may share one
 //! file: SQLite serializes their writers and the busy timeout makes them wait for each other.
@@ -12,11 +13,10 @@
 use std::path::PathBuf;
 use std::str::FromStr;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use rusqlite::types::FromSql;
-use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, Transaction, TransactionBehavior, params};
+use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
 use serde_json::{Value, json};
 
 use super::sqlite_threads::{ConnectionPool, db};
@@ -92,10 +92,6 @@ pub struct SqliteStore {
     writer: ConnectionPool,
     /// The read-only connections of a file database; the writer for an in-memory one.
     reader: ConnectionPool,
-    /// Commits fsync (`synchronous = FULL` on a file database).
-    durable: bool,
-    /// The writer connection runs at `synchronous = NORMAL` (see [`Commit::Relaxed`]).
-    relaxed: Arc<AtomicBool>,
 }
 
 /// How a write transaction commits.
@@ -106,7 +102,7 @@ enum Commit {
     /// Without its own fsync: in WAL mode the commit survives a crash of the process at once and
     /// a power loss once any later commit fsyncs the log. Used for claims and a step's start
     /// record, whose loss only hands a run back or miscounts an attempt; everything that follows
-    /// them commits durably.
+    /// them commits durably. (Grouped with a durable write, it is fsynced with it.)
     Relaxed,
 }
 
@@ -299,20 +295,6 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     tx.commit().map_err(db)
 }
 
-/// Sets the writer's `synchronous` for the next commit of a durable store. On relaxing the flag is
-/// set first and on restoring it is cleared last, so that a failure in between leaves FULL to be
-/// restored by the next durable commit.
-fn set_commit(conn: &Connection, relaxed: &AtomicBool, relax: bool) -> Result<(), StoreError> {
-    if relax && !relaxed.load(Ordering::Acquire) {
-        relaxed.store(true, Ordering::Release);
-        conn.pragma_update(None, "synchronous", "NORMAL").map_err(db)?;
-    } else if !relax && relaxed.load(Ordering::Acquire) {
-        conn.pragma_update(None, "synchronous", "FULL").map_err(db)?;
-        relaxed.store(false, Ordering::Release);
-    }
-    Ok(())
-}
-
 fn to_json(v: &Value) -> String {
     // Serializing a `Value` cannot fail.
     serde_json::to_string(v).unwrap_or_else(|_| "null".to_owned())
@@ -352,9 +334,10 @@ impl SqliteStore {
         let memory = target.database == Database::Memory;
         // One writer connection: in-process writers queue here instead of contending for the lock.
         // An in-memory database lives as long as this connection, which is never replaced.
+        let durable = options.synchronous == Synchronous::Full && !memory;
         let writer = {
             let (target, options) = (Arc::clone(&target), options.clone());
-            ConnectionPool::open("sqlite-writer", 1, move || open_writer(&target, &options))?
+            ConnectionPool::open_writer("sqlite-writer", durable, move || open_writer(&target, &options))?
         };
         if let Err(e) = writer.run(move |conn| prepare_writer(conn, memory)).await {
             writer.close().await;
@@ -373,8 +356,7 @@ impl SqliteStore {
                 }
             }
         };
-        let durable = options.synchronous == Synchronous::Full && !memory;
-        Ok(SqliteStore { writer, reader, durable, relaxed: Arc::new(AtomicBool::new(false)) })
+        Ok(SqliteStore { writer, reader })
     }
 
     /// Closes the connections; pending operations finish first, later ones fail.
@@ -383,28 +365,32 @@ impl SqliteStore {
         self.writer.close().await;
     }
 
-    /// Runs `work` in a `BEGIN IMMEDIATE` transaction of the writer connection, committed if it
-    /// succeeds (rolled back otherwise), with the durability `commit` asks for.
-    async fn write<R, F>(&self, commit: Commit, work: F) -> Result<R, StoreError>
+    /// Runs `work` in a write transaction on the store's writer connection, in turn with the
+    /// store's own writes and committed durably like them (one commit, and so one fsync, may
+    /// cover several writers' work). An error rolls back `work`'s changes and nothing else.
+    ///
+    /// For an application's own tables in the same database file, so that its writes and the
+    /// engine's never wait on each other for the file's lock.
+    pub async fn write<R, F>(&self, work: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
-        F: FnOnce(&Transaction<'_>) -> Result<R, StoreError> + Send + 'static,
+        F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
     {
-        let relax = self.durable && commit == Commit::Relaxed;
-        let relaxed = Arc::clone(&self.relaxed);
-        self.writer
-            .run(move |conn| {
-                set_commit(conn, &relaxed, relax)?;
-                let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db)?;
-                let result = work(&tx)?;
-                tx.commit().map_err(db)?;
-                Ok(result)
-            })
-            .await
+        self.write_with(Commit::Durable, work).await
     }
 
-    /// Runs `work` on a read connection (the writer's, for an in-memory database).
-    async fn read<R, F>(&self, work: F) -> Result<R, StoreError>
+    /// Runs `work` as a write of the writer connection, with the durability `commit` asks for.
+    async fn write_with<R, F>(&self, commit: Commit, work: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        self.writer.write(commit == Commit::Relaxed, work).await
+    }
+
+    /// Runs `work` on a read connection (the writer's, for an in-memory database). It sees what
+    /// was committed before it started.
+    pub async fn read<R, F>(&self, work: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
         F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
@@ -414,7 +400,7 @@ impl SqliteStore {
 }
 
 /// Fails with `LeaseLost` unless the run is running under this lease attempt.
-fn check_fence(tx: &Transaction<'_>, fence: &Fence) -> Result<(), StoreError> {
+fn check_fence(tx: &Connection, fence: &Fence) -> Result<(), StoreError> {
     let ok: Option<i64> = tx
         .prepare_cached("SELECT 1 FROM runs WHERE id = ? AND status = 'running' AND lease_attempt = ?")
         .and_then(|mut stmt| {
@@ -429,7 +415,7 @@ fn check_fence(tx: &Transaction<'_>, fence: &Fence) -> Result<(), StoreError> {
 
 /// Checks the fence and takes the run's next event sequence number in one statement; the caller
 /// must append exactly one event with it ([`insert_event`]) before any other event.
-fn fenced_seq(tx: &Transaction<'_>, fence: &Fence, now: Millis) -> Result<i64, StoreError> {
+fn fenced_seq(tx: &Connection, fence: &Fence, now: Millis) -> Result<i64, StoreError> {
     let seq: Option<i64> = tx
         .prepare_cached(
             "UPDATE runs SET last_seq = last_seq + 1, updated_at = ?
@@ -444,7 +430,7 @@ fn fenced_seq(tx: &Transaction<'_>, fence: &Fence, now: Millis) -> Result<i64, S
 
 /// Inserts an event under a sequence number taken by [`fenced_seq`] or [`append`].
 fn insert_event(
-    tx: &Transaction<'_>,
+    tx: &Connection,
     run_id: &RunId,
     seq: i64,
     kind: EventKind,
@@ -458,13 +444,7 @@ fn insert_event(
 }
 
 /// Appends one event to the run's log under the next sequence number, and returns that number.
-fn append(
-    tx: &Transaction<'_>,
-    run_id: &RunId,
-    kind: EventKind,
-    payload: &Value,
-    now: Millis,
-) -> Result<i64, StoreError> {
+fn append(tx: &Connection, run_id: &RunId, kind: EventKind, payload: &Value, now: Millis) -> Result<i64, StoreError> {
     let seq: i64 = tx
         .prepare_cached("UPDATE runs SET last_seq = last_seq + 1, updated_at = ? WHERE id = ? RETURNING last_seq")
         .and_then(|mut stmt| stmt.query_row(params![now, run_id.as_str()], |row| row.get(0)))
@@ -474,7 +454,7 @@ fn append(
 }
 
 /// Disposes the run's active hooks and cancels its pending timers (part of ending a run).
-fn release_resources(tx: &Transaction<'_>, run_id: &RunId, now: Millis) -> Result<(), StoreError> {
+fn release_resources(tx: &Connection, run_id: &RunId, now: Millis) -> Result<(), StoreError> {
     let mut positions = all_rows(
         tx,
         "UPDATE hooks SET active = 0, disposed_at = ? WHERE run_id = ? AND active = 1 RETURNING position, token",
@@ -493,7 +473,7 @@ fn release_resources(tx: &Transaction<'_>, run_id: &RunId, now: Millis) -> Resul
 
 /// Makes a run that has not ended runnable again: a waiting run becomes pending, a running one
 /// remembers the request so that its suspension is not final.
-fn wake_run(tx: &Transaction<'_>, run_id: &str) -> Result<(), StoreError> {
+fn wake_run(tx: &Connection, run_id: &str) -> Result<(), StoreError> {
     tx.prepare_cached(
         "UPDATE runs SET wake_requested = 1, status = CASE WHEN status = 'waiting' THEN 'pending' ELSE status END
          WHERE id = ? AND status IN ('pending', 'running', 'waiting')",
@@ -504,7 +484,7 @@ fn wake_run(tx: &Transaction<'_>, run_id: &str) -> Result<(), StoreError> {
 }
 
 /// Wakes the parent of `run_id`, if it has one (part of ending a run).
-fn wake_parent(tx: &Transaction<'_>, run_id: &RunId) -> Result<(), StoreError> {
+fn wake_parent(tx: &Connection, run_id: &RunId) -> Result<(), StoreError> {
     let parent: Option<String> = tx
         .prepare_cached("SELECT parent_run_id FROM runs WHERE id = ?")
         .and_then(|mut stmt| stmt.query_row(params![run_id.as_str()], |row| row.get(0)).optional())
@@ -517,7 +497,7 @@ fn wake_parent(tx: &Transaction<'_>, run_id: &RunId) -> Result<(), StoreError> {
 }
 
 /// Cancels one run that has not ended: resources released, lease voided, event appended.
-fn cancel_one(tx: &Transaction<'_>, id: &RunId, reason: &str, now: Millis) -> Result<(), StoreError> {
+fn cancel_one(tx: &Connection, id: &RunId, reason: &str, now: Millis) -> Result<(), StoreError> {
     release_resources(tx, id, now)?;
     tx.prepare_cached(
         "UPDATE runs SET status = 'cancelled', error = ?, completed_at = ?, wake_at = NULL,
@@ -606,7 +586,7 @@ fn first_row<T, P: rusqlite::Params>(
 }
 
 /// Loads everything earlier executions of a run recorded.
-fn load_history(tx: &Transaction<'_>, run_id: &RunId) -> Result<RunHistory, StoreError> {
+fn load_history(tx: &Connection, run_id: &RunId) -> Result<RunHistory, StoreError> {
     let mut history = RunHistory::default();
     let ops = &mut history.ops;
     for_each_row(
@@ -691,7 +671,7 @@ impl Store for SqliteStore {
         Box::pin(async move {
             let id = RunId::generate();
             let input = to_json(&run.input);
-            self.write(Commit::Durable, move |tx| {
+            self.write_with(Commit::Durable, move |tx| {
                 let now = now_ms();
                 if let Some(parent) = &run.parent_run_id {
                     // A child of a run that has ended would run orphaned (writers are serialized here).
@@ -859,7 +839,7 @@ impl Store for SqliteStore {
             }
             let lease = duration_ms(req.lease);
             // A claim that a power loss undoes only hands the run back; what it leads to commits durably.
-            self.write(Commit::Relaxed, move |tx| {
+            self.write_with(Commit::Relaxed, move |tx| {
                 // The clock is read once the write lock is held, so waiting for it never shortens a lease.
                 let now = now_ms();
                 let id: Option<String> = tx
@@ -902,7 +882,7 @@ impl Store for SqliteStore {
         Box::pin(async move {
             let fence = fence.clone();
             let lease = duration_ms(lease);
-            self.write(Commit::Durable, move |tx| {
+            self.write_with(Commit::Durable, move |tx| {
                 let expires = now_ms().saturating_add(lease);
                 let done = tx
                     .prepare_cached(
@@ -949,7 +929,7 @@ impl Store for SqliteStore {
         Box::pin(async move {
             let fence = fence.clone();
             let name = name.to_owned();
-            self.write(Commit::Relaxed, move |tx| {
+            self.write_with(Commit::Relaxed, move |tx| {
                 let now = now_ms();
                 let seq = fenced_seq(tx, &fence, now)?;
                 let attempts: Option<i64> = tx
@@ -1005,7 +985,7 @@ impl Store for SqliteStore {
                     ("retrying", attempt, None, Some(error), Some(retry_at), EventKind::StepRetrying, payload)
                 }
             };
-            self.write(Commit::Durable, move |tx| {
+            self.write_with(Commit::Durable, move |tx| {
                 let now = now_ms();
                 let seq = fenced_seq(tx, &fence, now)?;
                 let done = tx
@@ -1048,7 +1028,7 @@ impl Store for SqliteStore {
             let fence = fence.clone();
             let token = token.to_owned();
             let metadata = metadata.clone();
-            self.write(Commit::Durable, move |tx| {
+            self.write_with(Commit::Durable, move |tx| {
                 let now = now_ms();
                 let seq = fenced_seq(tx, &fence, now)?;
                 let metadata_json = to_json(&metadata);
@@ -1122,7 +1102,7 @@ impl Store for SqliteStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let fence = fence.clone();
-            self.write(Commit::Durable, move |tx| {
+            self.write_with(Commit::Durable, move |tx| {
                 let now = now_ms();
                 let seq = fenced_seq(tx, &fence, now)?;
                 tx.prepare_cached(
@@ -1145,7 +1125,7 @@ impl Store for SqliteStore {
     ) -> BoxFuture<'a, Result<(), StoreError>> {
         Box::pin(async move {
             let fence = fence.clone();
-            self.write(Commit::Durable, move |tx| {
+            self.write_with(Commit::Durable, move |tx| {
                 let now = now_ms();
                 check_fence(tx, &fence)?;
                 let (status, fired) = match resolution {
@@ -1183,7 +1163,7 @@ impl Store for SqliteStore {
             let name = name.to_owned();
             let result_json = to_json(result);
             let payload = json!({ "position": position, "name": name, "attempt": 1, "result": result });
-            self.write(Commit::Durable, move |tx| {
+            self.write_with(Commit::Durable, move |tx| {
                 let now = now_ms();
                 let seq = fenced_seq(tx, &fence, now)?;
                 tx.prepare_cached(
@@ -1208,7 +1188,7 @@ impl Store for SqliteStore {
         Box::pin(async move {
             let fence = fence.clone();
             let status = self
-                .write(Commit::Durable, move |tx| {
+                .write_with(Commit::Durable, move |tx| {
                     let now = now_ms();
                     check_fence(tx, &fence)?;
                     // A payload that arrived during the execution makes the run runnable again at once.
@@ -1243,7 +1223,7 @@ impl Store for SqliteStore {
                     ("failed", None, Some(e), EventKind::RunFailed, payload)
                 }
             };
-            self.write(Commit::Durable, move |tx| {
+            self.write_with(Commit::Durable, move |tx| {
                 let now = now_ms();
                 check_fence(tx, &fence)?;
                 release_resources(tx, &fence.run_id, now)?;
@@ -1265,7 +1245,7 @@ impl Store for SqliteStore {
         Box::pin(async move {
             let id = id.clone();
             let reason = reason.to_owned();
-            self.write(Commit::Durable, move |tx| {
+            self.write_with(Commit::Durable, move |tx| {
                 let now = now_ms();
                 let status: Option<String> = tx
                     .prepare_cached("SELECT status FROM runs WHERE id = ?")
@@ -1330,7 +1310,7 @@ impl Store for SqliteStore {
         Box::pin(async move {
             let token = token.to_owned();
             let payload = to_json(&payload);
-            self.write(Commit::Durable, move |tx| {
+            self.write_with(Commit::Durable, move |tx| {
                 let now = now_ms();
                 let hook = first_row(
                     tx,
@@ -1368,7 +1348,7 @@ impl Store for SqliteStore {
         Box::pin(async move {
             let fence = fence.clone();
             let event = to_json(event);
-            self.write(Commit::Durable, move |tx| {
+            self.write_with(Commit::Durable, move |tx| {
                 let now = now_ms();
                 let seq = fenced_seq(tx, &fence, now)?;
                 // The next index is computed inside the write transaction; the primary key (run_id, idx)

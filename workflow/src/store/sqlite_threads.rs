@@ -6,7 +6,8 @@
 //! the closure runs to its end (a [`rusqlite::Transaction`] that was not committed rolls back
 //! when dropped). Idle threads poll their queue for a moment before they sleep, and callers poll
 //! for their answer before they wait to be woken: waking a sleeping thread costs tens of
-//! microseconds on virtual machines, more than most statements. Closing the pool lets the work
+//! microseconds on virtual machines, more than most statements. The writer commits the writes
+//! waiting in its queue together (see [`super::sqlite_batch`]). Closing the pool lets the work
 //! already queued finish, then stops the threads and closes their connections.
 
 use std::sync::Arc;
@@ -18,6 +19,7 @@ use crossbeam_channel::{Receiver, Sender, TryRecvError, unbounded};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
+use super::sqlite_batch::{BatchedWrite, Durability, MAX_BATCH, PendingWrite, run_batch};
 use crate::error::StoreError;
 
 /// How long an idle connection thread polls its queue before it sleeps.
@@ -31,6 +33,8 @@ type Work = Box<dyn FnOnce(&mut Connection) + Send>;
 enum Job {
     /// A unit of work to run on the thread's connection.
     Run(Work),
+    /// A write, committed together with the writes queued next to it.
+    Write(Box<dyn BatchedWrite>),
     /// Stop: close the connection, then answer.
     Stop(oneshot::Sender<()>),
 }
@@ -51,6 +55,22 @@ impl ConnectionPool {
     where
         F: Fn() -> Result<Connection, StoreError> + Send + Sync + 'static,
     {
+        ConnectionPool::start(name, size, false, open)
+    }
+
+    /// Opens the one writer connection, whose [`write`](Self::write)s commit in groups; with
+    /// `durable` (`synchronous = FULL`) a group of relaxed writes only commits without an fsync.
+    pub(crate) fn open_writer<F>(name: &str, durable: bool, open: F) -> Result<ConnectionPool, StoreError>
+    where
+        F: Fn() -> Result<Connection, StoreError> + Send + Sync + 'static,
+    {
+        ConnectionPool::start(name, 1, durable, open)
+    }
+
+    fn start<F>(name: &str, size: usize, durable: bool, open: F) -> Result<ConnectionPool, StoreError>
+    where
+        F: Fn() -> Result<Connection, StoreError> + Send + Sync + 'static,
+    {
         let (queue, work) = unbounded::<Job>();
         let open = Arc::new(open);
         let size = size.max(1);
@@ -63,7 +83,8 @@ impl ConnectionPool {
                 .spawn(move || match open() {
                     Ok(mut connection) => {
                         let _ = opened_tx.send(Ok(()));
-                        let stopped = serve(&mut connection, &work);
+                        let durability = Durability { durable, relaxed: false };
+                        let stopped = serve(&mut connection, &work, durability);
                         drop(work);
                         drop(connection);
                         if let Some(stopped) = stopped {
@@ -99,22 +120,41 @@ impl ConnectionPool {
         }
     }
 
+    /// Runs `work` as a write on the writer connection: inside a transaction shared with the
+    /// writes queued next to it, in a savepoint of its own (an error rolls back `work` alone),
+    /// answered once that transaction committed. `relaxed` writes may skip the fsync when every
+    /// write of their group is relaxed.
+    pub(crate) async fn write<R, F>(&self, relaxed: bool, work: F) -> Result<R, StoreError>
+    where
+        R: Send + 'static,
+        F: FnOnce(&Connection) -> Result<R, StoreError> + Send + 'static,
+    {
+        let (reply, answer) = oneshot::channel();
+        let write = PendingWrite { relaxed, work: Some(work), result: None, reply };
+        self.submit(Job::Write(Box::new(write)), answer).await
+    }
+
     /// Runs `work` on one of the pool's connections and returns its result.
     pub(crate) async fn run<R, F>(&self, work: F) -> Result<R, StoreError>
     where
         R: Send + 'static,
         F: FnOnce(&mut Connection) -> Result<R, StoreError> + Send + 'static,
     {
-        if self.closed.load(Ordering::Acquire) {
-            return Err(StoreError::Database("the database is closed".into()));
-        }
-        let (reply, mut answer) = oneshot::channel();
+        let (reply, answer) = oneshot::channel();
         let job: Work = Box::new(move |connection| {
             let _ = reply.send(work(connection));
         });
+        self.submit(Job::Run(job), answer).await
+    }
+
+    /// Queues `job` and waits for its answer.
+    async fn submit<R>(&self, job: Job, mut answer: oneshot::Receiver<Result<R, StoreError>>) -> Result<R, StoreError> {
+        if self.closed.load(Ordering::Acquire) {
+            return Err(StoreError::Database("the database is closed".into()));
+        }
         // Work queued behind a concurrent close is discarded when the threads are gone, and its
         // caller is told the thread stopped.
-        self.queue.send(Job::Run(job)).map_err(|_| StoreError::Database("the database threads have stopped".into()))?;
+        self.queue.send(job).map_err(|_| StoreError::Database("the database threads have stopped".into()))?;
         let started = Instant::now();
         while started.elapsed() < POLL_FOR_ANSWER {
             match answer.try_recv() {
@@ -133,30 +173,48 @@ impl ConnectionPool {
 }
 
 /// Runs work from the queue until every sender is gone (`None`) or a stop arrives (its answer).
-fn serve(connection: &mut Connection, work: &Receiver<Job>) -> Option<oneshot::Sender<()>> {
+fn serve(connection: &mut Connection, work: &Receiver<Job>, mut durability: Durability) -> Option<oneshot::Sender<()>> {
+    // A job taken from the queue while gathering a group of writes, run right after the group.
+    let mut held = None;
     loop {
-        let started = Instant::now();
-        let next = loop {
-            match work.try_recv() {
-                Ok(job) => break Some(job),
-                Err(TryRecvError::Disconnected) => return None,
-                Err(TryRecvError::Empty) if started.elapsed() < SPIN_BEFORE_SLEEP => thread::yield_now(),
-                Err(TryRecvError::Empty) => break None,
-            }
-        };
-        let job = match next {
+        let job = match held.take() {
             Some(job) => job,
-            None => match work.recv() {
-                Ok(job) => job,
-                Err(_) => return None,
-            },
+            None => next_job(work)?,
         };
-        let job = match job {
-            Job::Run(job) => job,
+        match job {
+            Job::Run(job) => {
+                // A panic in one unit of work must not take the connection's thread down with it.
+                let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(connection)));
+            }
+            Job::Write(first) => {
+                let mut group = vec![first];
+                while group.len() < MAX_BATCH {
+                    match work.try_recv() {
+                        Ok(Job::Write(write)) => group.push(write),
+                        Ok(other) => {
+                            held = Some(other);
+                            break;
+                        }
+                        Err(_) => break,
+                    }
+                }
+                run_batch(connection, group, &mut durability);
+            }
             Job::Stop(stopped) => return Some(stopped),
-        };
-        // A panic in one unit of work must not take the connection's thread down with it.
-        let _ = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| job(connection)));
+        }
+    }
+}
+
+/// The next job, polling for a moment before sleeping; `None` once every sender is gone.
+fn next_job(work: &Receiver<Job>) -> Option<Job> {
+    let started = Instant::now();
+    loop {
+        match work.try_recv() {
+            Ok(job) => return Some(job),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) if started.elapsed() < SPIN_BEFORE_SLEEP => thread::yield_now(),
+            Err(TryRecvError::Empty) => return work.recv().ok(),
+        }
     }
 }
 
@@ -238,5 +296,59 @@ mod tests {
     fn a_connection_that_cannot_open_is_an_error() {
         let failed = ConnectionPool::open("test-db", 2, || Err(StoreError::Database("no such file".into())));
         assert!(matches!(failed, Err(StoreError::Database(m)) if m == "no such file"));
+    }
+
+    /// Writes queued behind a busy writer commit as one group; the one that fails and the one
+    /// that panics leave nothing behind, the others all commit.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_group_of_writes_commits_together_and_a_failed_write_alone_rolls_back() {
+        let pool = ConnectionPool::open_writer("test-db", false, memory).unwrap();
+        pool.run(|c| c.execute_batch("CREATE TABLE t (v INTEGER)").map_err(db)).await.unwrap();
+        let blocker = pool.clone();
+        let busy = tokio::spawn(async move {
+            blocker
+                .run(|_| {
+                    std::thread::sleep(Duration::from_millis(100));
+                    Ok(())
+                })
+                .await
+        });
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let mut writes = Vec::new();
+        for v in 0..8i64 {
+            let pool = pool.clone();
+            writes.push(tokio::spawn(async move {
+                pool.write(false, move |c| {
+                    c.execute("INSERT INTO t VALUES (?1)", [v]).map_err(db)?;
+                    match v {
+                        3 => Err(StoreError::Corrupt("refused".into())),
+                        5 => panic!("a write panicked"),
+                        _ => Ok(v),
+                    }
+                })
+                .await
+            }));
+            // Queue them in order.
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+        busy.await.unwrap().unwrap();
+        let mut answers = Vec::new();
+        for write in writes {
+            answers.push(write.await.unwrap());
+        }
+        assert_eq!(answers[3], Err(StoreError::Corrupt("refused".into())));
+        assert!(matches!(answers[5], Err(StoreError::Database(_))), "{:?}", answers[5]);
+        for v in [0, 1, 2, 4, 6, 7] {
+            assert_eq!(answers[v as usize], Ok(v));
+        }
+        let kept: Vec<i64> = pool
+            .run(|c| {
+                let mut stmt = c.prepare("SELECT v FROM t ORDER BY v").map_err(db)?;
+                let rows = stmt.query_map([], |r| r.get(0)).map_err(db)?;
+                rows.collect::<Result<_, _>>().map_err(db)
+            })
+            .await
+            .unwrap();
+        assert_eq!(kept, [0, 1, 2, 4, 6, 7]);
     }
 }
