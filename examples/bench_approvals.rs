@@ -53,8 +53,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let dir = std::env::temp_dir().join(format!("resumable-bench-approvals-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let url = arg("--db").unwrap_or_else(|| format!("sqlite://{}", dir.join("bench.db").display()));
-    let store = resumable_workflow::store::open(&url).await?;
     let db = AppDb::open(&url).await?;
+    let store = db.store();
     let orders = OrderBook::new(db.clone());
     let batch = format!("{:x}", std::process::id());
     for i in 0..count {

@@ -24,8 +24,8 @@ return { order: order.id, refund };
 
 /// Opens the automation service on the database at `url` (the same URL every time).
 async fn open(url: &str, secret: &[u8]) -> Result<(Automations, OrderBook), Box<dyn std::error::Error>> {
-    let store = resumable_workflow::store::open(url).await?;
     let db = AppDb::open(url).await?;
+    let store = db.store();
     let orders = OrderBook::new(db.clone());
     orders.seed_demo().await?;
     let host = orders.clone();

@@ -6,10 +6,8 @@ use std::time::Duration;
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use resumable_runner::{ClaimId, ContinuationStore, StoreError, StoreFuture, StoredContinuation};
-use sqlx::Row;
-use sqlx::any::AnyRow;
 
-use crate::db::{AppDb, DbError, duration_ms, from_ms, now_ms, to_ms};
+use crate::db::{AppDb, DbError, Row, duration_ms, from_ms, now_ms, to_ms};
 
 /// A [`ContinuationStore`] on the application database. Every operation is one atomic statement
 /// whose conditions decide (a claim is exclusive while unexpired; only the current claim consumes
@@ -19,19 +17,19 @@ pub struct SqlContinuationStore {
     db: AppDb,
 }
 
-fn backend(e: impl Into<DbError>) -> StoreError {
-    StoreError::Backend(e.into().0)
+fn backend(e: DbError) -> StoreError {
+    StoreError::Backend(e.0)
 }
 
 fn claim_text(claim: ClaimId) -> String {
     format!("{claim:032x}")
 }
 
-fn record(row: &AnyRow) -> Result<StoredContinuation, StoreError> {
+fn record(row: &Row) -> Result<StoredContinuation, StoreError> {
     Ok(StoredContinuation {
-        audience: row.try_get("audience").map_err(backend)?,
-        expires_at: from_ms(row.try_get("expires_at").map_err(backend)?),
-        state: row.try_get("state").map_err(backend)?,
+        audience: row.get("audience").map_err(backend)?,
+        expires_at: from_ms(row.get("expires_at").map_err(backend)?),
+        state: row.get("state").map_err(backend)?,
     })
 }
 
@@ -48,44 +46,42 @@ impl SqlContinuationStore {
         let Some(key) = URL_SAFE_NO_PAD.decode(token).ok().filter(|k| k.len() == 32) else {
             return Err(StoreError::NotFound);
         };
-        let done = sqlx::query(
-            "UPDATE continuations SET status = 'available', claim = NULL, claim_until = NULL
-             WHERE key = $1 AND status = 'consumed' AND expires_at > $2",
-        )
-        .bind(key)
-        .bind(now_ms())
-        .execute(self.db.pool())
-        .await
-        .map_err(backend)?;
-        Ok(done.rows_affected() == 1)
+        let reopened = self
+            .db
+            .execute(
+                "UPDATE continuations SET status = 'available', claim = NULL, claim_until = NULL
+                 WHERE key = $1 AND status = 'consumed' AND expires_at > $2",
+                vec![key.into(), now_ms().into()],
+            )
+            .await
+            .map_err(backend)?;
+        Ok(reopened == 1)
     }
 
     /// Deletes continuations that expired before `now - grace`; returns how many.
     pub async fn purge_expired(&self, grace: Duration) -> Result<u64, StoreError> {
         let cutoff = now_ms().saturating_sub(duration_ms(grace));
-        let done = sqlx::query("DELETE FROM continuations WHERE expires_at < $1")
-            .bind(cutoff)
-            .execute(self.db.pool())
-            .await
-            .map_err(backend)?;
-        Ok(done.rows_affected())
+        self.db.execute("DELETE FROM continuations WHERE expires_at < $1", vec![cutoff.into()]).await.map_err(backend)
     }
 
     /// Why `key` could not be acquired, consumed or released: the row's current state.
     async fn diagnose(&self, key: &[u8; 32], claim: Option<ClaimId>) -> StoreError {
-        let row = sqlx::query("SELECT status, claim, claim_until, expires_at FROM continuations WHERE key = $1")
-            .bind(key.to_vec())
-            .fetch_optional(self.db.pool())
+        let row = self
+            .db
+            .fetch_optional(
+                "SELECT status, claim, claim_until, expires_at FROM continuations WHERE key = $1",
+                vec![key.to_vec().into()],
+            )
             .await;
         let row = match row {
             Ok(Some(row)) => row,
             Ok(None) => return StoreError::NotFound,
             Err(e) => return backend(e),
         };
-        let status: String = row.try_get("status").unwrap_or_default();
-        let holder: Option<String> = row.try_get("claim").unwrap_or_default();
-        let until: Option<i64> = row.try_get("claim_until").unwrap_or_default();
-        let expires_at: i64 = row.try_get("expires_at").unwrap_or_default();
+        let status: String = row.get("status").unwrap_or_default();
+        let holder: Option<String> = row.get("claim").unwrap_or_default();
+        let until: Option<i64> = row.get("claim_until").unwrap_or_default();
+        let expires_at: i64 = row.get("expires_at").unwrap_or_default();
         let now = now_ms();
         match (status.as_str(), claim) {
             ("consumed", _) => StoreError::Consumed,
@@ -100,19 +96,22 @@ impl SqlContinuationStore {
 impl ContinuationStore for SqlContinuationStore {
     fn set(&self, key: [u8; 32], record: StoredContinuation) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            let done = sqlx::query(
-                "INSERT INTO continuations (key, audience, expires_at, state, status, created_at)
-                 VALUES ($1, $2, $3, $4, 'available', $5) ON CONFLICT (key) DO NOTHING",
-            )
-            .bind(key.to_vec())
-            .bind(record.audience)
-            .bind(to_ms(record.expires_at))
-            .bind(record.state)
-            .bind(now_ms())
-            .execute(self.db.pool())
-            .await
-            .map_err(backend)?;
-            if done.rows_affected() == 1 { Ok(()) } else { Err(StoreError::Duplicate) }
+            let inserted = self
+                .db
+                .execute(
+                    "INSERT INTO continuations (key, audience, expires_at, state, status, created_at)
+                     VALUES ($1, $2, $3, $4, 'available', $5) ON CONFLICT (key) DO NOTHING",
+                    vec![
+                        key.to_vec().into(),
+                        record.audience.into(),
+                        to_ms(record.expires_at).into(),
+                        record.state.into(),
+                        now_ms().into(),
+                    ],
+                )
+                .await
+                .map_err(backend)?;
+            if inserted == 1 { Ok(()) } else { Err(StoreError::Duplicate) }
         })
     }
 
@@ -120,19 +119,17 @@ impl ContinuationStore for SqlContinuationStore {
         Box::pin(async move {
             let now = now_ms();
             let until = now.saturating_add(duration_ms(lease));
-            let row = sqlx::query(
-                "UPDATE continuations SET status = 'claimed', claim = $1, claim_until = $2
-                 WHERE key = $3 AND expires_at > $4
-                   AND (status = 'available' OR (status = 'claimed' AND claim_until <= $4))
-                 RETURNING audience, expires_at, state",
-            )
-            .bind(claim_text(claim))
-            .bind(until)
-            .bind(key.to_vec())
-            .bind(now)
-            .fetch_optional(self.db.pool())
-            .await
-            .map_err(backend)?;
+            let row = self
+                .db
+                .fetch_optional(
+                    "UPDATE continuations SET status = 'claimed', claim = $1, claim_until = $2
+                     WHERE key = $3 AND expires_at > $4
+                       AND (status = 'available' OR (status = 'claimed' AND claim_until <= $4))
+                     RETURNING audience, expires_at, state",
+                    vec![claim_text(claim).into(), until.into(), key.to_vec().into(), now.into()],
+                )
+                .await
+                .map_err(backend)?;
             match row {
                 Some(row) => record(&row),
                 None => Err(self.diagnose(&key, None).await),
@@ -142,45 +139,45 @@ impl ContinuationStore for SqlContinuationStore {
 
     fn consume(&self, key: [u8; 32], claim: ClaimId) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            let done = sqlx::query(
-                "UPDATE continuations SET status = 'consumed', claim_until = NULL
-                 WHERE key = $1 AND status = 'claimed' AND claim = $2",
-            )
-            .bind(key.to_vec())
-            .bind(claim_text(claim))
-            .execute(self.db.pool())
-            .await
-            .map_err(backend)?;
-            if done.rows_affected() == 1 { Ok(()) } else { Err(self.diagnose(&key, Some(claim)).await) }
+            let consumed = self
+                .db
+                .execute(
+                    "UPDATE continuations SET status = 'consumed', claim_until = NULL
+                     WHERE key = $1 AND status = 'claimed' AND claim = $2",
+                    vec![key.to_vec().into(), claim_text(claim).into()],
+                )
+                .await
+                .map_err(backend)?;
+            if consumed == 1 { Ok(()) } else { Err(self.diagnose(&key, Some(claim)).await) }
         })
     }
 
     fn release(&self, key: [u8; 32], claim: ClaimId) -> StoreFuture<'_, ()> {
         Box::pin(async move {
-            let done = sqlx::query(
-                "UPDATE continuations SET status = 'available', claim = NULL, claim_until = NULL
-                 WHERE key = $1 AND status = 'claimed' AND claim = $2",
-            )
-            .bind(key.to_vec())
-            .bind(claim_text(claim))
-            .execute(self.db.pool())
-            .await
-            .map_err(backend)?;
-            if done.rows_affected() == 1 { Ok(()) } else { Err(self.diagnose(&key, Some(claim)).await) }
+            let released = self
+                .db
+                .execute(
+                    "UPDATE continuations SET status = 'available', claim = NULL, claim_until = NULL
+                     WHERE key = $1 AND status = 'claimed' AND claim = $2",
+                    vec![key.to_vec().into(), claim_text(claim).into()],
+                )
+                .await
+                .map_err(backend)?;
+            if released == 1 { Ok(()) } else { Err(self.diagnose(&key, Some(claim)).await) }
         })
     }
 
     fn peek(&self, key: [u8; 32]) -> StoreFuture<'_, StoredContinuation> {
         Box::pin(async move {
-            let row = sqlx::query(
-                "SELECT audience, expires_at, state FROM continuations
-                 WHERE key = $1 AND status <> 'consumed' AND expires_at > $2",
-            )
-            .bind(key.to_vec())
-            .bind(now_ms())
-            .fetch_optional(self.db.pool())
-            .await
-            .map_err(backend)?;
+            let row = self
+                .db
+                .fetch_optional(
+                    "SELECT audience, expires_at, state FROM continuations
+                     WHERE key = $1 AND status <> 'consumed' AND expires_at > $2",
+                    vec![key.to_vec().into(), now_ms().into()],
+                )
+                .await
+                .map_err(backend)?;
             match row {
                 Some(row) => record(&row),
                 None => Err(self.diagnose(&key, None).await),
@@ -198,6 +195,9 @@ mod tests {
     async fn behaves_like_every_continuation_store() {
         let db = TempDb::sqlite().await;
         resumable_runner::check_continuation_store(&SqlContinuationStore::new(db.open().await)).await;
+        if let Some(db) = TempDb::postgres().await {
+            resumable_runner::check_continuation_store(&SqlContinuationStore::new(db.open().await)).await;
+        }
     }
 
     #[tokio::test]

@@ -1,14 +1,28 @@
 //! The application database: continuations, the demo order system and the audit log, on the
 //! same SQLite file or PostgreSQL database as the workflow engine.
 //!
-//! Queries are written once in the SQL both backends understand (`$1` parameters, `ON CONFLICT`,
-//! `RETURNING`) and run through sqlx's `Any` driver; only the schema differs per backend.
+//! [`AppDb`] is one small query surface over two backends. Queries are written once in the SQL
+//! both understand (`$1` parameters, `ON CONFLICT`, `RETURNING`); only the schema differs per
+//! backend.
+//!
+//! * On SQLite every statement runs on the connections of the workflow engine's own
+//!   [`SqliteStore`]: writes in [`SqliteStore::write`] transactions on its one writer thread, reads
+//!   in [`SqliteStore::read`]. A process so has a single SQLite writer, and the application's
+//!   writes never wait on the engine's for the file's lock (nor the other way round).
+//! * On PostgreSQL statements run on a sqlx connection pool of their own.
+//!
+//! Open both the engine's store and the application's tables with [`AppDb::open`], and hand
+//! [`AppDb::store`] to the engine.
 
 use std::fmt;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use sqlx::any::{AnyPoolOptions, install_default_drivers};
-use sqlx::{AnyPool, Executor};
+use resumable_workflow::{SqliteStore, Store, StoreError};
+use rusqlite::types::{ToSqlOutput, ValueRef};
+use sqlx::postgres::{PgArguments, PgPool, PgPoolOptions, PgRow};
+use sqlx::query::Query;
+use sqlx::{Column as _, Executor as _, Postgres, Row as _, TypeInfo as _};
 
 /// The schema versions of each backend: (version, name, SQL).
 const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[(1, "app", include_str!("../migrations/app/sqlite/0001_app.sql"))];
@@ -17,6 +31,15 @@ const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] =
 
 /// A lock id for PostgreSQL's advisory lock around migrations ("resumable-app").
 const MIGRATION_LOCK: i64 = 0x7265_7375_6d61_7070;
+
+/// The application's connections to PostgreSQL.
+const POSTGRES_CONNECTIONS: u32 = 8;
+
+/// The table of the application's applied migrations (the same on both backends).
+const CREATE_MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS app_schema_migrations (
+    version BIGINT PRIMARY KEY NOT NULL, name TEXT NOT NULL, applied_at BIGINT NOT NULL)";
+const CURRENT_VERSION: &str = "SELECT COALESCE(MAX(version), 0) FROM app_schema_migrations";
+const RECORD_MIGRATION: &str = "INSERT INTO app_schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)";
 
 /// Which database an [`AppDb`] talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -58,92 +81,555 @@ impl From<sqlx::Error> for DbError {
     }
 }
 
-/// The application's connection pool.
-#[derive(Clone, Debug)]
+impl From<StoreError> for DbError {
+    fn from(e: StoreError) -> DbError {
+        match e {
+            StoreError::Database(message) => DbError(message),
+            other => DbError(other.to_string()),
+        }
+    }
+}
+
+/// A SQLite error inside a [`SqliteStore`] closure.
+fn sqlite(e: rusqlite::Error) -> StoreError {
+    StoreError::Database(e.to_string())
+}
+
+/// A statement parameter (`$1`, `$2`, … in the order given). Each carries its SQL type, so that a
+/// NULL is typed as PostgreSQL expects; build them with `From` (`42.into()`, `"text".into()`,
+/// `None::<String>.into()`).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Param {
+    /// A 64-bit integer (`BIGINT` / `INTEGER`), or NULL.
+    Int(Option<i64>),
+    /// Text, or NULL.
+    Text(Option<String>),
+    /// Bytes (`BYTEA` / `BLOB`), or NULL.
+    Bytes(Option<Vec<u8>>),
+}
+
+impl From<i64> for Param {
+    fn from(v: i64) -> Param {
+        Param::Int(Some(v))
+    }
+}
+
+impl From<Option<i64>> for Param {
+    fn from(v: Option<i64>) -> Param {
+        Param::Int(v)
+    }
+}
+
+impl From<&str> for Param {
+    fn from(v: &str) -> Param {
+        Param::Text(Some(v.to_owned()))
+    }
+}
+
+impl From<String> for Param {
+    fn from(v: String) -> Param {
+        Param::Text(Some(v))
+    }
+}
+
+impl From<Option<String>> for Param {
+    fn from(v: Option<String>) -> Param {
+        Param::Text(v)
+    }
+}
+
+impl From<Vec<u8>> for Param {
+    fn from(v: Vec<u8>) -> Param {
+        Param::Bytes(Some(v))
+    }
+}
+
+impl From<Option<Vec<u8>>> for Param {
+    fn from(v: Option<Vec<u8>>) -> Param {
+        Param::Bytes(v)
+    }
+}
+
+impl From<&[u8]> for Param {
+    fn from(v: &[u8]) -> Param {
+        Param::Bytes(Some(v.to_vec()))
+    }
+}
+
+impl rusqlite::ToSql for Param {
+    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
+        Ok(ToSqlOutput::Borrowed(match self {
+            Param::Int(Some(v)) => ValueRef::Integer(*v),
+            Param::Text(Some(v)) => ValueRef::Text(v.as_bytes()),
+            Param::Bytes(Some(v)) => ValueRef::Blob(v),
+            Param::Int(None) | Param::Text(None) | Param::Bytes(None) => ValueRef::Null,
+        }))
+    }
+}
+
+/// A value read from a result column.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SqlValue {
+    /// NULL.
+    Null,
+    /// An integer (of any width; a PostgreSQL boolean reads as 0 or 1).
+    Int(i64),
+    /// Text.
+    Text(String),
+    /// Bytes.
+    Bytes(Vec<u8>),
+}
+
+impl SqlValue {
+    /// The kind of value, for error messages.
+    fn kind(&self) -> &'static str {
+        match self {
+            SqlValue::Null => "NULL",
+            SqlValue::Int(_) => "an integer",
+            SqlValue::Text(_) => "text",
+            SqlValue::Bytes(_) => "bytes",
+        }
+    }
+}
+
+/// A Rust type a [`SqlValue`] converts to, for [`Row::get`].
+pub trait FromSqlValue: Sized {
+    /// What the type expects, for error messages.
+    const EXPECTED: &'static str;
+
+    /// The value as this type; `None` if it has another kind.
+    fn from_sql_value(value: &SqlValue) -> Option<Self>;
+}
+
+impl FromSqlValue for i64 {
+    const EXPECTED: &'static str = "an integer";
+
+    fn from_sql_value(value: &SqlValue) -> Option<i64> {
+        match value {
+            SqlValue::Int(v) => Some(*v),
+            _ => None,
+        }
+    }
+}
+
+impl FromSqlValue for String {
+    const EXPECTED: &'static str = "text";
+
+    fn from_sql_value(value: &SqlValue) -> Option<String> {
+        match value {
+            SqlValue::Text(v) => Some(v.clone()),
+            _ => None,
+        }
+    }
+}
+
+impl FromSqlValue for Vec<u8> {
+    const EXPECTED: &'static str = "bytes";
+
+    fn from_sql_value(value: &SqlValue) -> Option<Vec<u8>> {
+        match value {
+            SqlValue::Bytes(v) => Some(v.clone()),
+            _ => None,
+        }
+    }
+}
+
+impl<T: FromSqlValue> FromSqlValue for Option<T> {
+    const EXPECTED: &'static str = T::EXPECTED;
+
+    fn from_sql_value(value: &SqlValue) -> Option<Option<T>> {
+        match value {
+            SqlValue::Null => Some(None),
+            other => T::from_sql_value(other).map(Some),
+        }
+    }
+}
+
+/// One result row, owned: its values by column name.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Row {
+    /// The column names, shared by the rows of one result.
+    columns: Arc<[String]>,
+    /// The values, in column order.
+    values: Vec<SqlValue>,
+}
+
+impl Row {
+    /// The value of `column` as a `T` (an `Option<T>` reads NULL as `None`).
+    pub fn get<T: FromSqlValue>(&self, column: &str) -> Result<T, DbError> {
+        let value = self
+            .columns
+            .iter()
+            .position(|c| c == column)
+            .and_then(|i| self.values.get(i))
+            .ok_or_else(|| DbError(format!("no column {column:?} in the result")))?;
+        T::from_sql_value(value)
+            .ok_or_else(|| DbError(format!("column {column:?} holds {}, expected {}", value.kind(), T::EXPECTED)))
+    }
+}
+
+/// What a [`Step`] of a [`AppDb::transaction`] decides from the number of rows its statement
+/// affected.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Guard {
+    /// Go on, whatever the count.
+    Continue,
+    /// Unless exactly this many rows were affected, stop here: commit the steps so far (this one
+    /// included) and skip the rest.
+    StopUnless(u64),
+    /// Unless exactly this many rows were affected, roll the whole transaction back and end it
+    /// with [`TxOutcome::Refused`] carrying the message.
+    RefuseUnless(u64, String),
+}
+
+/// One statement of a [`AppDb::transaction`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Step {
+    /// The SQL (`$1`-style parameters).
+    sql: &'static str,
+    /// The parameters.
+    params: Vec<Param>,
+    /// What the affected-row count decides.
+    guard: Guard,
+}
+
+impl Step {
+    /// A step that runs `sql` with `params` and goes on whatever it affected.
+    pub fn new(sql: &'static str, params: Vec<Param>) -> Step {
+        Step { sql, params, guard: Guard::Continue }
+    }
+
+    /// The step with `guard` deciding what follows it.
+    pub fn guard(mut self, guard: Guard) -> Step {
+        self.guard = guard;
+        self
+    }
+
+    /// What follows the step, given the rows its statement affected; `None` to go on.
+    fn decide(&self, affected: u64) -> Option<TxOutcome> {
+        match &self.guard {
+            Guard::StopUnless(n) if affected != *n => Some(TxOutcome::Committed),
+            Guard::RefuseUnless(n, message) if affected != *n => Some(TxOutcome::Refused(message.clone())),
+            _ => None,
+        }
+    }
+}
+
+/// How a [`AppDb::transaction`] ended.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TxOutcome {
+    /// Committed: every step ran, or a [`Guard::StopUnless`] stopped it.
+    Committed,
+    /// Rolled back by a [`Guard::RefuseUnless`], with its message.
+    Refused(String),
+}
+
+/// The connections an [`AppDb`] runs its statements on.
+#[derive(Clone)]
+enum Conn {
+    /// The workflow engine's SQLite store.
+    Sqlite(SqliteStore),
+    /// A PostgreSQL pool of the application's own.
+    Postgres(PgPool),
+}
+
+/// The application database: the engine's store and the application's tables, on one database.
+#[derive(Clone)]
 pub struct AppDb {
-    pool: AnyPool,
-    backend: Backend,
+    /// The workflow engine's store on the same database.
+    store: Arc<dyn Store>,
+    /// Where the application's statements run.
+    conn: Conn,
+}
+
+impl fmt::Debug for AppDb {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AppDb").field("backend", &self.backend()).finish_non_exhaustive()
+    }
 }
 
 impl AppDb {
-    /// Connects to `url` (`sqlite://file.db`, `postgres://…`) and applies pending migrations.
+    /// Opens the database at `url` (`sqlite://file.db`, `sqlite::memory:`, `postgres://…`): the
+    /// workflow engine's store (see [`AppDb::store`]) and the application's tables, applying both
+    /// their pending migrations. On SQLite both share the store's connections.
     pub async fn open(url: &str) -> Result<AppDb, DbError> {
-        let backend = Backend::of_url(url).ok_or_else(|| {
-            DbError("unsupported database URL: use sqlite://PATH or postgres://USER@HOST/DB".to_owned())
-        })?;
-        install_default_drivers();
-        // SQLite: one connection, so the application's own writes queue here instead of
-        // contending for the file's write lock (whose busy handler sleeps).
-        let (url, max) = match backend {
-            Backend::Sqlite if url.contains(":memory:") => (url.to_owned(), 1),
-            Backend::Sqlite if url.contains('?') => (url.to_owned(), 1),
-            Backend::Sqlite => (format!("{url}?mode=rwc"), 1),
-            Backend::Postgres => (url.to_owned(), 8),
-        };
-        let mut options = AnyPoolOptions::new().max_connections(max);
-        if backend == Backend::Sqlite {
-            options = options.after_connect(|conn, _meta| {
-                Box::pin(async move {
-                    conn.execute("PRAGMA journal_mode = WAL; PRAGMA synchronous = FULL; PRAGMA busy_timeout = 30000; PRAGMA foreign_keys = ON")
-                        .await?;
-                    Ok(())
-                })
-            });
+        match Backend::of_url(url) {
+            Some(Backend::Sqlite) => AppDb::from_sqlite(SqliteStore::open(url).await?).await,
+            Some(Backend::Postgres) => {
+                let store = resumable_workflow::store::open(url).await?;
+                let pool = PgPoolOptions::new().max_connections(POSTGRES_CONNECTIONS).connect(url).await?;
+                let db = AppDb { store, conn: Conn::Postgres(pool) };
+                db.migrate().await?;
+                Ok(db)
+            }
+            None => Err(DbError("unsupported database URL: use sqlite://PATH or postgres://USER@HOST/DB".to_owned())),
         }
-        if url.contains(":memory:") {
-            options = options.idle_timeout(None).max_lifetime(None).min_connections(1);
-        }
-        let pool = options.connect(&url).await?;
-        let db = AppDb { pool, backend };
+    }
+
+    /// The application database on an open SQLite store (for one opened with custom options),
+    /// applying the application's pending migrations.
+    pub async fn from_sqlite(store: SqliteStore) -> Result<AppDb, DbError> {
+        let db = AppDb { store: Arc::new(store.clone()), conn: Conn::Sqlite(store) };
         db.migrate().await?;
         Ok(db)
     }
 
-    /// The pool.
-    pub fn pool(&self) -> &AnyPool {
-        &self.pool
+    /// The workflow engine's store on the same database, for [`crate::automation::Automations`].
+    pub fn store(&self) -> Arc<dyn Store> {
+        Arc::clone(&self.store)
     }
 
     /// The backend.
     pub fn backend(&self) -> Backend {
-        self.backend
+        match self.conn {
+            Conn::Sqlite(_) => Backend::Sqlite,
+            Conn::Postgres(_) => Backend::Postgres,
+        }
     }
 
-    async fn migrate(&self) -> Result<(), DbError> {
-        let migrations = match self.backend {
-            Backend::Sqlite => SQLITE_MIGRATIONS,
-            Backend::Postgres => POSTGRES_MIGRATIONS,
-        };
-        let mut tx = self.pool.begin().await?;
-        if self.backend == Backend::Postgres {
-            // Several processes may open a fresh database at once.
-            sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(MIGRATION_LOCK).execute(&mut *tx).await?;
+    /// Runs one statement and returns how many rows it affected.
+    pub async fn execute(&self, sql: &'static str, params: Vec<Param>) -> Result<u64, DbError> {
+        match &self.conn {
+            Conn::Sqlite(store) => Ok(store.write(move |conn| sqlite_execute(conn, sql, &params)).await?),
+            Conn::Postgres(pool) => Ok(pg_query(sql, &params).execute(pool).await?.rows_affected()),
         }
-        sqlx::query(
-            "CREATE TABLE IF NOT EXISTS app_schema_migrations (
-                 version BIGINT PRIMARY KEY NOT NULL, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
-        )
-        .execute(&mut *tx)
-        .await?;
-        let current: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(version), 0) FROM app_schema_migrations")
-            .fetch_one(&mut *tx)
-            .await?;
-        let latest = migrations.last().map_or(0, |m| m.0);
-        if current > latest {
-            return Err(DbError(format!("application schema version {current} is newer than this build ({latest})")));
-        }
-        for &(version, name, sql) in migrations.iter().filter(|m| m.0 > current) {
-            tx.execute(sql).await?;
-            sqlx::query("INSERT INTO app_schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)")
-                .bind(version)
-                .bind(name)
-                .bind(now_ms())
-                .execute(&mut *tx)
-                .await?;
-        }
-        tx.commit().await?;
-        Ok(())
     }
+
+    /// Runs one statement and returns its first row, if any. A `SELECT` reads committed data on a
+    /// read connection; any other statement (`UPDATE … RETURNING`) runs as a write.
+    pub async fn fetch_optional(&self, sql: &'static str, params: Vec<Param>) -> Result<Option<Row>, DbError> {
+        match &self.conn {
+            Conn::Sqlite(store) => Ok(sqlite_fetch(store, sql, params).await?.into_iter().next()),
+            Conn::Postgres(pool) => {
+                let row = pg_query(sql, &params).fetch_optional(pool).await?;
+                row.map(|row| pg_row(&row, &pg_columns(&row))).transpose()
+            }
+        }
+    }
+
+    /// Runs one statement and returns its first row, failing if there is none.
+    pub async fn fetch_one(&self, sql: &'static str, params: Vec<Param>) -> Result<Row, DbError> {
+        self.fetch_optional(sql, params).await?.ok_or_else(|| DbError("the query returned no row".to_owned()))
+    }
+
+    /// Runs one statement and returns all its rows (routed as [`AppDb::fetch_optional`] does).
+    pub async fn fetch_all(&self, sql: &'static str, params: Vec<Param>) -> Result<Vec<Row>, DbError> {
+        match &self.conn {
+            Conn::Sqlite(store) => sqlite_fetch(store, sql, params).await,
+            Conn::Postgres(pool) => {
+                let rows = pg_query(sql, &params).fetch_all(pool).await?;
+                let Some(first) = rows.first() else { return Ok(Vec::new()) };
+                let columns = pg_columns(first);
+                rows.iter().map(|row| pg_row(row, &columns)).collect()
+            }
+        }
+    }
+
+    /// Runs `steps` in order in one transaction, each followed by what its [`Guard`] decides:
+    /// all committed, or (on a refusal or an error) none.
+    pub async fn transaction(&self, steps: Vec<Step>) -> Result<TxOutcome, DbError> {
+        match &self.conn {
+            Conn::Sqlite(store) => Ok(store.write(move |conn| sqlite_transaction(conn, &steps)).await?),
+            Conn::Postgres(pool) => {
+                let mut tx = pool.begin().await?;
+                for step in &steps {
+                    let affected = pg_query(step.sql, &step.params).execute(&mut *tx).await?.rows_affected();
+                    match step.decide(affected) {
+                        None => {}
+                        Some(TxOutcome::Committed) => break,
+                        Some(refused @ TxOutcome::Refused(_)) => {
+                            tx.rollback().await?;
+                            return Ok(refused);
+                        }
+                    }
+                }
+                tx.commit().await?;
+                Ok(TxOutcome::Committed)
+            }
+        }
+    }
+
+    /// Applies the application's pending migrations in one transaction; refuses a schema newer
+    /// than this build's.
+    async fn migrate(&self) -> Result<(), DbError> {
+        match &self.conn {
+            Conn::Sqlite(store) => Ok(store.write(sqlite_migrate).await?),
+            Conn::Postgres(pool) => {
+                let mut tx = pool.begin().await?;
+                // Several processes may open a fresh database at once.
+                sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(MIGRATION_LOCK).execute(&mut *tx).await?;
+                sqlx::query(CREATE_MIGRATIONS_TABLE).execute(&mut *tx).await?;
+                let current: i64 = sqlx::query_scalar(CURRENT_VERSION).fetch_one(&mut *tx).await?;
+                for &(version, name, sql) in pending(POSTGRES_MIGRATIONS, current)? {
+                    tx.execute(sql).await?;
+                    sqlx::query(RECORD_MIGRATION).bind(version).bind(name).bind(now_ms()).execute(&mut *tx).await?;
+                }
+                tx.commit().await?;
+                Ok(())
+            }
+        }
+    }
+}
+
+/// The migrations after version `current`; an error if `current` is newer than them all.
+fn pending(
+    migrations: &'static [(i64, &'static str, &'static str)],
+    current: i64,
+) -> Result<impl Iterator<Item = &'static (i64, &'static str, &'static str)>, DbError> {
+    let latest = migrations.last().map_or(0, |m| m.0);
+    if current > latest {
+        return Err(DbError(format!("application schema version {current} is newer than this build ({latest})")));
+    }
+    Ok(migrations.iter().filter(move |m| m.0 > current))
+}
+
+/// The SQLite migrations, in the store's write transaction.
+fn sqlite_migrate(conn: &rusqlite::Connection) -> Result<(), StoreError> {
+    conn.execute_batch(CREATE_MIGRATIONS_TABLE).map_err(sqlite)?;
+    let current: i64 = conn.query_row(CURRENT_VERSION, [], |row| row.get(0)).map_err(sqlite)?;
+    for &(version, name, sql) in pending(SQLITE_MIGRATIONS, current).map_err(|e| StoreError::Database(e.0))? {
+        conn.execute_batch(sql).map_err(sqlite)?;
+        sqlite_execute(conn, RECORD_MIGRATION, &[version.into(), name.into(), now_ms().into()])?;
+    }
+    Ok(())
+}
+
+/// Runs a statement that returns rows on SQLite: a `SELECT` on a read connection, anything else
+/// on the writer.
+async fn sqlite_fetch(store: &SqliteStore, sql: &'static str, params: Vec<Param>) -> Result<Vec<Row>, DbError> {
+    let work = move |conn: &rusqlite::Connection| sqlite_query(conn, sql, &params);
+    Ok(if is_select(sql) { store.read(work).await? } else { store.write(work).await? })
+}
+
+/// Whether `sql` is a `SELECT` (which reads only).
+fn is_select(sql: &str) -> bool {
+    sql.trim_start().get(..6).is_some_and(|word| word.eq_ignore_ascii_case("select"))
+}
+
+/// Prepares `sql` (cached) and binds `params` to `$1`, `$2`, … by name: SQLite numbers named
+/// parameters by first appearance, not by the digits.
+fn sqlite_prepare<'c>(
+    conn: &'c rusqlite::Connection,
+    sql: &str,
+    params: &[Param],
+) -> Result<rusqlite::CachedStatement<'c>, StoreError> {
+    let mut stmt = conn.prepare_cached(sql).map_err(sqlite)?;
+    if stmt.parameter_count() != params.len() {
+        return Err(StoreError::Database(format!(
+            "the statement takes {} parameters, {} were given",
+            stmt.parameter_count(),
+            params.len()
+        )));
+    }
+    for (i, param) in params.iter().enumerate() {
+        let name = format!("${}", i + 1);
+        let index = stmt
+            .parameter_index(&name)
+            .map_err(sqlite)?
+            .ok_or_else(|| StoreError::Database(format!("the statement has no parameter {name}")))?;
+        stmt.raw_bind_parameter(index, param).map_err(sqlite)?;
+    }
+    Ok(stmt)
+}
+
+/// Runs one statement that returns no rows; the rows it affected.
+fn sqlite_execute(conn: &rusqlite::Connection, sql: &str, params: &[Param]) -> Result<u64, StoreError> {
+    let affected = sqlite_prepare(conn, sql, params)?.raw_execute().map_err(sqlite)?;
+    Ok(u64::try_from(affected).unwrap_or(u64::MAX))
+}
+
+/// Runs one statement and reads all its rows.
+fn sqlite_query(conn: &rusqlite::Connection, sql: &str, params: &[Param]) -> Result<Vec<Row>, StoreError> {
+    let mut stmt = sqlite_prepare(conn, sql, params)?;
+    let columns: Arc<[String]> = stmt.column_names().into_iter().map(str::to_owned).collect();
+    let mut rows = stmt.raw_query();
+    let mut out = Vec::new();
+    while let Some(row) = rows.next().map_err(sqlite)? {
+        let values = (0..columns.len())
+            .map(|i| {
+                Ok(match row.get_ref(i).map_err(sqlite)? {
+                    ValueRef::Null => SqlValue::Null,
+                    ValueRef::Integer(v) => SqlValue::Int(v),
+                    ValueRef::Text(v) => SqlValue::Text(
+                        String::from_utf8(v.to_vec())
+                            .map_err(|_| StoreError::Corrupt(format!("column {:?} is not UTF-8", columns[i])))?,
+                    ),
+                    ValueRef::Blob(v) => SqlValue::Bytes(v.to_vec()),
+                    ValueRef::Real(_) => {
+                        return Err(StoreError::Database(format!("column {:?} is a float", columns[i])));
+                    }
+                })
+            })
+            .collect::<Result<_, StoreError>>()?;
+        out.push(Row { columns: Arc::clone(&columns), values });
+    }
+    Ok(out)
+}
+
+/// Runs a transaction's steps inside a savepoint of the store's write transaction, so that a
+/// refusal rolls back these steps and nothing else.
+fn sqlite_transaction(conn: &rusqlite::Connection, steps: &[Step]) -> Result<TxOutcome, StoreError> {
+    const UNDO: &str = "ROLLBACK TO app_transaction; RELEASE app_transaction";
+    conn.execute_batch("SAVEPOINT app_transaction").map_err(sqlite)?;
+    let mut outcome = Ok(TxOutcome::Committed);
+    for step in steps {
+        match sqlite_execute(conn, step.sql, &step.params).map(|affected| step.decide(affected)) {
+            Ok(None) => {}
+            Ok(Some(end)) => {
+                outcome = Ok(end);
+                break;
+            }
+            Err(e) => {
+                outcome = Err(e);
+                break;
+            }
+        }
+    }
+    match outcome {
+        Ok(TxOutcome::Committed) => conn.execute_batch("RELEASE app_transaction").map_err(sqlite)?,
+        Ok(TxOutcome::Refused(_)) => conn.execute_batch(UNDO).map_err(sqlite)?,
+        // The error matters more than a failure to undo (the store rolls the work back anyway).
+        Err(_) => {
+            let _ = conn.execute_batch(UNDO);
+        }
+    }
+    outcome
+}
+
+/// A sqlx query of `sql` with `params` bound in order.
+fn pg_query<'q>(sql: &'q str, params: &'q [Param]) -> Query<'q, Postgres, PgArguments> {
+    params.iter().fold(sqlx::query(sql), |query, param| match param {
+        Param::Int(v) => query.bind(*v),
+        Param::Text(v) => query.bind(v.as_deref()),
+        Param::Bytes(v) => query.bind(v.as_deref()),
+    })
+}
+
+/// The column names of a PostgreSQL result.
+fn pg_columns(row: &PgRow) -> Arc<[String]> {
+    row.columns().iter().map(|c| c.name().to_owned()).collect()
+}
+
+/// A PostgreSQL row as an owned [`Row`].
+fn pg_row(row: &PgRow, columns: &Arc<[String]>) -> Result<Row, DbError> {
+    let values = row
+        .columns()
+        .iter()
+        .enumerate()
+        .map(|(i, column)| {
+            let value = match column.type_info().name() {
+                "INT8" => row.try_get::<Option<i64>, _>(i)?.map(SqlValue::Int),
+                "INT4" => row.try_get::<Option<i32>, _>(i)?.map(|v| SqlValue::Int(v.into())),
+                "INT2" => row.try_get::<Option<i16>, _>(i)?.map(|v| SqlValue::Int(v.into())),
+                "BOOL" => row.try_get::<Option<bool>, _>(i)?.map(|v| SqlValue::Int(v.into())),
+                "TEXT" | "VARCHAR" | "BPCHAR" | "NAME" => row.try_get::<Option<String>, _>(i)?.map(SqlValue::Text),
+                "BYTEA" => row.try_get::<Option<Vec<u8>>, _>(i)?.map(SqlValue::Bytes),
+                other => return Err(DbError(format!("column {:?} has the unsupported type {other}", column.name()))),
+            };
+            Ok(value.unwrap_or(SqlValue::Null))
+        })
+        .collect::<Result<_, DbError>>()?;
+    Ok(Row { columns: Arc::clone(columns), values })
 }
 
 /// The current time in milliseconds since the Unix epoch.
@@ -164,4 +650,97 @@ pub(crate) fn duration_ms(d: Duration) -> i64 {
 /// The time `ms` milliseconds after the Unix epoch.
 pub(crate) fn from_ms(ms: i64) -> SystemTime {
     UNIX_EPOCH + Duration::from_millis(ms.max(0).unsigned_abs())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::TempDb;
+
+    /// A test table of `db`'s backend.
+    async fn create_table(db: &AppDb) {
+        let sql = match db.backend() {
+            Backend::Sqlite => "CREATE TABLE t (k TEXT PRIMARY KEY NOT NULL, n BIGINT NOT NULL, b BLOB)",
+            Backend::Postgres => "CREATE TABLE t (k TEXT PRIMARY KEY NOT NULL, n BIGINT NOT NULL, b BYTEA)",
+        };
+        db.execute(sql, vec![]).await.unwrap();
+    }
+
+    /// Runs `check` on a fresh SQLite database and, if a test server is configured, a fresh
+    /// PostgreSQL schema.
+    async fn on_both<F: AsyncFn(&AppDb)>(check: F) {
+        let temp = TempDb::sqlite().await;
+        check(&temp.open().await).await;
+        if let Some(temp) = TempDb::postgres().await {
+            check(&temp.open().await).await;
+        }
+    }
+
+    #[test]
+    fn selects_are_recognized() {
+        assert!(is_select("  select 1"));
+        assert!(is_select("SELECT x FROM t"));
+        assert!(!is_select("UPDATE t SET x = 1 RETURNING x"));
+        assert!(!is_select("SEL"));
+    }
+
+    #[tokio::test]
+    async fn parameters_bind_by_number_whatever_their_order_of_appearance() {
+        on_both(async |db: &AppDb| {
+            create_table(db).await;
+            let params = vec!["a".into(), 7.into(), None::<Vec<u8>>.into()];
+            assert_eq!(db.execute("INSERT INTO t (n, k, b) VALUES ($2, $1, $3)", params).await.unwrap(), 1);
+            let row = db.fetch_one("SELECT k, n, b FROM t WHERE n = $2 AND k = $1", vec!["a".into(), 7.into()]);
+            let row = row.await.unwrap();
+            assert_eq!(row.get::<String>("k").unwrap(), "a");
+            assert_eq!(row.get::<i64>("n").unwrap(), 7);
+            assert_eq!(row.get::<Option<Vec<u8>>>("b").unwrap(), None);
+            assert!(row.get::<String>("n").is_err(), "an integer is not text");
+            assert!(row.get::<i64>("missing").is_err());
+            let updated =
+                db.fetch_optional("UPDATE t SET b = $1 WHERE k = $2 RETURNING b", vec![vec![1u8].into(), "a".into()]);
+            assert_eq!(updated.await.unwrap().unwrap().get::<Vec<u8>>("b").unwrap(), vec![1u8]);
+            let wrong = db.execute("INSERT INTO t (k, n) VALUES ($1, $2)", vec!["b".into()]).await;
+            assert!(wrong.is_err(), "a missing parameter is an error, not a NULL");
+            assert!(db.fetch_all("SELECT k FROM t WHERE k = $1", vec!["none".into()]).await.unwrap().is_empty());
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_transaction_stops_commits_or_refuses_as_its_guards_say() {
+        on_both(async |db: &AppDb| {
+            create_table(db).await;
+            let insert =
+                |k: &str| Step::new("INSERT INTO t (k, n) VALUES ($1, 0) ON CONFLICT (k) DO NOTHING", vec![k.into()]);
+            let bump = |k: &str| Step::new("UPDATE t SET n = n + 1 WHERE k = $1 AND n < 1", vec![k.into()]);
+            let refuse = || Guard::RefuseUnless(1, "too many".into());
+            let tx = vec![insert("a").guard(Guard::StopUnless(1)), bump("a").guard(refuse())];
+            assert_eq!(db.transaction(tx.clone()).await.unwrap(), TxOutcome::Committed);
+            // The insert affects nothing: stop, and the bump does not run.
+            assert_eq!(db.transaction(tx).await.unwrap(), TxOutcome::Committed);
+            // The insert of `b` happens, the bump of `a` is refused: both roll back.
+            let tx = vec![insert("b"), bump("a").guard(refuse())];
+            assert_eq!(db.transaction(tx).await.unwrap(), TxOutcome::Refused("too many".into()));
+            let rows = db.fetch_all("SELECT k, n FROM t ORDER BY k", vec![]).await.unwrap();
+            assert_eq!(rows.len(), 1);
+            assert_eq!(rows[0].get::<i64>("n").unwrap(), 1);
+            // An error rolls back the steps before it.
+            let tx = vec![insert("c"), Step::new("INSERT INTO t (k, n) VALUES ('a', 0)", vec![])];
+            assert!(db.transaction(tx).await.is_err());
+            assert_eq!(db.fetch_all("SELECT k FROM t", vec![]).await.unwrap().len(), 1);
+        })
+        .await;
+    }
+
+    #[tokio::test]
+    async fn a_newer_schema_is_refused() {
+        let temp = TempDb::sqlite().await;
+        let db = temp.open().await;
+        let future = "INSERT INTO app_schema_migrations (version, name, applied_at) VALUES (99, 'future', 0)";
+        db.execute(future, vec![]).await.unwrap();
+        drop(db);
+        let err = AppDb::open(&temp.url()).await.unwrap_err();
+        assert!(err.0.contains("newer than this build"), "{err}");
+    }
 }

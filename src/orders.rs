@@ -15,10 +15,8 @@ use std::sync::Arc;
 use resumable_host::{HostCallContext, HostError, HostFunctions};
 use serde::Deserialize;
 use serde_json::{Value, json};
-use sqlx::Row;
-use sqlx::any::AnyRow;
 
-use crate::db::{AppDb, DbError, now_ms};
+use crate::db::{AppDb, DbError, Guard, Row, Step, TxOutcome, now_ms};
 
 /// The demo data set: (tenant, id, customer, total in cents, status).
 const DEMO_ORDERS: &[(&str, &str, &str, i64, &str)] = &[
@@ -55,13 +53,13 @@ struct RefundDecision {
     reason: Option<String>,
 }
 
-fn order_json(row: &AnyRow) -> Result<Value, DbError> {
+fn order_json(row: &Row) -> Result<Value, DbError> {
     Ok(json!({
-        "id": row.try_get::<String, _>("id")?,
-        "customer": row.try_get::<String, _>("customer")?,
-        "total": row.try_get::<i64, _>("total_cents")?,
-        "refunded": row.try_get::<i64, _>("refunded_cents")?,
-        "status": row.try_get::<String, _>("status")?,
+        "id": row.get::<String>("id")?,
+        "customer": row.get::<String>("customer")?,
+        "total": row.get::<i64>("total_cents")?,
+        "refunded": row.get::<i64>("refunded_cents")?,
+        "status": row.get::<String>("status")?,
     }))
 }
 
@@ -80,18 +78,13 @@ impl OrderBook {
         total_cents: i64,
         status: &str,
     ) -> Result<(), DbError> {
-        sqlx::query(
-            "INSERT INTO orders (tenant, id, customer, total_cents, status, created_at)
-             VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (tenant, id) DO NOTHING",
-        )
-        .bind(tenant)
-        .bind(id)
-        .bind(customer)
-        .bind(total_cents)
-        .bind(status)
-        .bind(now_ms())
-        .execute(self.db.pool())
-        .await?;
+        self.db
+            .execute(
+                "INSERT INTO orders (tenant, id, customer, total_cents, status, created_at)
+                 VALUES ($1, $2, $3, $4, $5, $6) ON CONFLICT (tenant, id) DO NOTHING",
+                vec![tenant.into(), id.into(), customer.into(), total_cents.into(), status.into(), now_ms().into()],
+            )
+            .await?;
         Ok(())
     }
 
@@ -105,43 +98,46 @@ impl OrderBook {
 
     /// One order of `tenant`, if it exists.
     pub async fn get(&self, tenant: &str, id: &str) -> Result<Option<Value>, DbError> {
-        let row = sqlx::query(
-            "SELECT id, customer, total_cents, refunded_cents, status FROM orders WHERE tenant = $1 AND id = $2",
-        )
-        .bind(tenant)
-        .bind(id)
-        .fetch_optional(self.db.pool())
-        .await?;
+        let row = self
+            .db
+            .fetch_optional(
+                "SELECT id, customer, total_cents, refunded_cents, status FROM orders WHERE tenant = $1 AND id = $2",
+                vec![tenant.into(), id.into()],
+            )
+            .await?;
         row.as_ref().map(order_json).transpose()
     }
 
     /// The refunds applied to orders of `tenant`: (order id, amount in cents), oldest first.
     pub async fn refunds(&self, tenant: &str) -> Result<Vec<(String, i64)>, DbError> {
-        let rows = sqlx::query(
-            "SELECT order_id, amount_cents FROM refunds WHERE tenant = $1 ORDER BY created_at, idempotency_key",
-        )
-        .bind(tenant)
-        .fetch_all(self.db.pool())
-        .await?;
-        rows.iter().map(|r| Ok((r.try_get("order_id")?, r.try_get("amount_cents")?))).collect()
+        let rows = self
+            .db
+            .fetch_all(
+                "SELECT order_id, amount_cents FROM refunds WHERE tenant = $1 ORDER BY created_at, idempotency_key",
+                vec![tenant.into()],
+            )
+            .await?;
+        rows.iter().map(|r| Ok((r.get("order_id")?, r.get("amount_cents")?))).collect()
     }
 
     /// How many times `function` ran live (not replayed) for the run `run_id`.
     pub async fn live_calls(&self, run_id: &str, function: &str) -> Result<i64, DbError> {
-        Ok(sqlx::query_scalar("SELECT COUNT(*) FROM host_calls WHERE run_id = $1 AND function = $2")
-            .bind(run_id)
-            .bind(function)
-            .fetch_one(self.db.pool())
-            .await?)
+        let row = self
+            .db
+            .fetch_one(
+                "SELECT COUNT(*) AS calls FROM host_calls WHERE run_id = $1 AND function = $2",
+                vec![run_id.into(), function.into()],
+            )
+            .await?;
+        row.get("calls")
     }
 
     async fn audit(&self, tenant: &str, ctx: &HostCallContext) -> Result<(), HostError> {
-        sqlx::query("INSERT INTO host_calls (tenant, run_id, function, created_at) VALUES ($1, $2, $3, $4)")
-            .bind(tenant)
-            .bind(ctx.logical_run_id())
-            .bind(ctx.function())
-            .bind(now_ms())
-            .execute(self.db.pool())
+        self.db
+            .execute(
+                "INSERT INTO host_calls (tenant, run_id, function, created_at) VALUES ($1, $2, $3, $4)",
+                vec![tenant.into(), ctx.logical_run_id().into(), ctx.function().into(), now_ms().into()],
+            )
             .await
             .map_err(HostError::internal)?;
         Ok(())
@@ -149,51 +145,39 @@ impl OrderBook {
 
     async fn list(&self, tenant: &str, filter: ListFilter) -> Result<Value, DbError> {
         let limit = filter.limit.unwrap_or(MAX_LIST).clamp(0, MAX_LIST);
-        let rows = sqlx::query(
-            "SELECT id, customer, total_cents, refunded_cents, status FROM orders
-             WHERE tenant = $1 AND ($2 IS NULL OR status = $2) ORDER BY id LIMIT $3",
-        )
-        .bind(tenant)
-        .bind(filter.status)
-        .bind(limit)
-        .fetch_all(self.db.pool())
-        .await?;
+        let rows = self
+            .db
+            .fetch_all(
+                "SELECT id, customer, total_cents, refunded_cents, status FROM orders
+                 WHERE tenant = $1 AND ($2 IS NULL OR status = $2) ORDER BY id LIMIT $3",
+                vec![tenant.into(), filter.status.into(), limit.into()],
+            )
+            .await?;
         Ok(Value::Array(rows.iter().map(order_json).collect::<Result<_, _>>()?))
     }
 
     /// Applies a refund once per idempotency key, in one transaction; a repeated key returns the
     /// refund it recorded. Errors the script may see: unknown order, amount above what is left.
     async fn apply_refund(&self, tenant: &str, id: &str, amount: i64, key: &str) -> Result<Value, HostError> {
-        let mut tx = self.db.pool().begin().await.map_err(HostError::internal)?;
-        let inserted = sqlx::query(
-            "INSERT INTO refunds (idempotency_key, tenant, order_id, amount_cents, created_at)
-             VALUES ($1, $2, $3, $4, $5) ON CONFLICT (idempotency_key) DO NOTHING",
-        )
-        .bind(key)
-        .bind(tenant)
-        .bind(id)
-        .bind(amount)
-        .bind(now_ms())
-        .execute(&mut *tx)
-        .await
-        .map_err(HostError::internal)?;
-        if inserted.rows_affected() == 1 {
-            let updated = sqlx::query(
+        let steps = vec![
+            // A key seen before: the refund was applied then, nothing more to do.
+            Step::new(
+                "INSERT INTO refunds (idempotency_key, tenant, order_id, amount_cents, created_at)
+                 VALUES ($1, $2, $3, $4, $5) ON CONFLICT (idempotency_key) DO NOTHING",
+                vec![key.into(), tenant.into(), id.into(), amount.into(), now_ms().into()],
+            )
+            .guard(Guard::StopUnless(1)),
+            Step::new(
                 "UPDATE orders SET refunded_cents = refunded_cents + $1
                  WHERE tenant = $2 AND id = $3 AND refunded_cents + $1 <= total_cents",
+                vec![amount.into(), tenant.into(), id.into()],
             )
-            .bind(amount)
-            .bind(tenant)
-            .bind(id)
-            .execute(&mut *tx)
-            .await
-            .map_err(HostError::internal)?;
-            if updated.rows_affected() != 1 {
-                return Err(HostError::new(format!("order {id} cannot be refunded {amount} any more")));
-            }
-            tx.commit().await.map_err(HostError::internal)?;
+            .guard(Guard::RefuseUnless(1, format!("order {id} cannot be refunded {amount} any more"))),
+        ];
+        match self.db.transaction(steps).await.map_err(HostError::internal)? {
+            TxOutcome::Committed => Ok(json!({ "approved": true, "orderId": id, "refunded": amount, "refundId": key })),
+            TxOutcome::Refused(message) => Err(HostError::new(message)),
         }
-        Ok(json!({ "approved": true, "orderId": id, "refunded": amount, "refundId": key }))
     }
 
     async fn refund(&self, tenant: &str, ctx: HostCallContext, id: String, amount: i64) -> Result<Value, HostError> {

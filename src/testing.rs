@@ -4,25 +4,44 @@ use std::path::PathBuf;
 
 use crate::db::AppDb;
 
-/// A SQLite database file in its own temporary directory, removed on drop.
+/// A SQLite database file in its own temporary directory, or a fresh schema of the PostgreSQL
+/// test server; removed on drop.
 pub(crate) struct TempDb {
     dir: PathBuf,
+    /// The PostgreSQL server's URL and the schema's name.
+    postgres: Option<(String, String)>,
 }
+
+use resumable_workflow::testing::{postgres_execute as pg_execute, random_suffix as random_name};
 
 impl TempDb {
     /// A new, empty database.
     pub(crate) async fn sqlite() -> TempDb {
-        let mut bytes = [0u8; 8];
-        getrandom::fill(&mut bytes).expect("randomness");
-        let name: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-        let dir = std::env::temp_dir().join(format!("resumable-app-test-{name}"));
+        let dir = std::env::temp_dir().join(format!("resumable-app-test-{}", random_name()));
         std::fs::create_dir_all(&dir).expect("create a temporary directory");
-        TempDb { dir }
+        TempDb { dir, postgres: None }
+    }
+
+    /// A new, empty schema of the PostgreSQL test server (`RESUMABLE_TEST_PG_URL`), if one is
+    /// configured.
+    pub(crate) async fn postgres() -> Option<TempDb> {
+        let server = resumable_workflow::testing::postgres_url()?;
+        let schema = format!("app_test_{}", random_name());
+        pg_execute(&server, &format!("CREATE SCHEMA {schema}"));
+        let mut db = TempDb::sqlite().await;
+        db.postgres = Some((server, schema));
+        Some(db)
     }
 
     /// Its URL.
     pub(crate) fn url(&self) -> String {
-        format!("sqlite://{}", self.dir.join("app.db").display())
+        match &self.postgres {
+            Some((server, schema)) => {
+                let sep = if server.contains('?') { '&' } else { '?' };
+                format!("{server}{sep}options=-c%20search_path%3D{schema}")
+            }
+            None => format!("sqlite://{}", self.dir.join("app.db").display()),
+        }
     }
 
     /// Opens (and migrates) it.
@@ -34,5 +53,8 @@ impl TempDb {
 impl Drop for TempDb {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some((server, schema)) = &self.postgres {
+            pg_execute(server, &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
+        }
     }
 }

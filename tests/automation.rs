@@ -1,13 +1,12 @@
 //! The automation service as a library: scripts over the demo order system on SQLite, approved,
 //! rejected, in several rounds, across a restart, and decided concurrently.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use resumable::automation::{AutomationError, Automations, Decision, DecisionBatch};
 use resumable::db::AppDb;
 use resumable::orders::OrderBook;
-use resumable_workflow::{RunId, RunStatus, SqliteStore, Store};
+use resumable_workflow::{RunId, RunStatus};
 use serde_json::{Value, json};
 
 const SECRET: &[u8] = &[42; 32];
@@ -20,8 +19,8 @@ struct Service {
 
 async fn service(dir: &std::path::Path) -> Service {
     let url = format!("sqlite://{}", dir.join("service.db").display());
-    let store: Arc<dyn Store> = Arc::new(SqliteStore::open(&url).await.unwrap());
     let db = AppDb::open(&url).await.unwrap();
+    let store = db.store();
     let orders = OrderBook::new(db.clone());
     orders.seed_demo().await.unwrap();
     let host = orders.clone();

@@ -98,8 +98,8 @@ pub async fn open_service(
     demo: bool,
     runner: RunnerConfig,
 ) -> Result<Service, String> {
-    let store = resumable_workflow::store::open(db_url).await.map_err(|e| e.to_string())?;
     let db = AppDb::open(db_url).await.map_err(|e| e.to_string())?;
+    let store = db.store();
     let orders = OrderBook::new(db.clone());
     if demo {
         orders.seed_demo().await.map_err(|e| e.to_string())?;
@@ -116,8 +116,6 @@ pub async fn open_service(
 
 /// Applies the migrations of every table to the database at `db_url` and returns.
 pub async fn migrate(db_url: &str) -> Result<(), String> {
-    let store = resumable_workflow::store::open(db_url).await.map_err(|e| e.to_string())?;
-    drop(store);
     AppDb::open(db_url).await.map_err(|e| e.to_string())?;
     Ok(())
 }

@@ -29,27 +29,7 @@ pub struct TempDir {
     pg_schema: Option<(String, String)>,
 }
 
-fn random_suffix() -> String {
-    let mut bytes = [0u8; 8];
-    getrandom::fill(&mut bytes).expect("random bytes");
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
-/// Runs `sql` on the PostgreSQL server at `url`, on a runtime of its own (callable from `Drop`).
-fn pg_execute(url: &str, sql: &str) {
-    let (url, sql) = (url.to_owned(), sql.to_owned());
-    std::thread::spawn(move || {
-        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-        rt.block_on(async {
-            sqlx::any::install_default_drivers();
-            let mut conn = AnyConnection::connect(&url).await.expect("PostgreSQL answers");
-            sqlx::raw_sql(&sql).execute(&mut conn).await.expect("the statement runs");
-            let _ = conn.close().await;
-        })
-    })
-    .join()
-    .expect("the PostgreSQL thread");
-}
+use resumable_workflow::testing::{postgres_execute as pg_execute, random_suffix};
 
 impl TempDir {
     /// Creates the directory, named `resumable-http-<name>-<random>`, for a SQLite database.

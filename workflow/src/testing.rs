@@ -16,3 +16,33 @@ pub fn postgres_url() -> Option<String> {
         }
     }
 }
+
+/// Sixteen random hex digits, for names of throwaway directories and schemas.
+///
+/// # Panics
+/// When the operating system has no randomness to give.
+pub fn random_suffix() -> String {
+    let mut bytes = [0u8; 8];
+    getrandom::fill(&mut bytes).expect("random bytes");
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Runs `sql` (one or more statements) on the PostgreSQL server at `url`, on a thread and
+/// runtime of its own, so that it can be called from `Drop` and from inside a runtime.
+///
+/// # Panics
+/// When the server cannot be reached or a statement fails.
+pub fn postgres_execute(url: &str, sql: &str) {
+    use sqlx::Connection as _;
+    let (url, sql) = (url.to_owned(), sql.to_owned());
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
+        rt.block_on(async {
+            let mut conn = sqlx::PgConnection::connect(&url).await.expect("PostgreSQL answers");
+            sqlx::raw_sql(&sql).execute(&mut conn).await.expect("the statement runs");
+            let _ = conn.close().await;
+        })
+    })
+    .join()
+    .expect("the PostgreSQL thread");
+}
