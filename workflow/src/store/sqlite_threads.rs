@@ -11,7 +11,7 @@
 //! already queued finish, then stops the threads and closes their connections.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
 use std::time::{Duration, Instant};
 
@@ -47,6 +47,8 @@ pub(crate) struct ConnectionPool {
     size: usize,
     /// Set by [`ConnectionPool::close`]; no work is taken after it.
     closed: Arc<AtomicBool>,
+    /// Callers polling for their answer right now; more than one only burns the cores.
+    pollers: Arc<AtomicUsize>,
 }
 
 impl ConnectionPool {
@@ -72,11 +74,13 @@ impl ConnectionPool {
         F: Fn() -> Result<Connection, StoreError> + Send + Sync + 'static,
     {
         let (queue, work) = unbounded::<Job>();
+        let spinners = Arc::new(AtomicUsize::new(0));
         let open = Arc::new(open);
         let size = size.max(1);
         for index in 0..size {
             let (opened_tx, opened_rx) = std::sync::mpsc::channel();
             let work = work.clone();
+            let spinners = Arc::clone(&spinners);
             let open = open.clone();
             thread::Builder::new()
                 .name(format!("{name}-{index}"))
@@ -84,7 +88,7 @@ impl ConnectionPool {
                     Ok(mut connection) => {
                         let _ = opened_tx.send(Ok(()));
                         let durability = Durability { durable, relaxed: false };
-                        let stopped = serve(&mut connection, &work, durability);
+                        let stopped = serve(&mut connection, &work, &spinners, durability);
                         drop(work);
                         drop(connection);
                         if let Some(stopped) = stopped {
@@ -98,7 +102,12 @@ impl ConnectionPool {
                 .map_err(|e| StoreError::Database(format!("cannot start a database thread: {e}")))?;
             opened_rx.recv().map_err(|_| StoreError::Database("a database thread stopped while opening".into()))??;
         }
-        Ok(ConnectionPool { queue, size, closed: Arc::new(AtomicBool::new(false)) })
+        Ok(ConnectionPool {
+            queue,
+            size,
+            closed: Arc::new(AtomicBool::new(false)),
+            pollers: Arc::new(AtomicUsize::new(0)),
+        })
     }
 
     /// Lets the work already queued finish, then stops the threads and closes their connections;
@@ -156,7 +165,8 @@ impl ConnectionPool {
         // caller is told the thread stopped.
         self.queue.send(job).map_err(|_| StoreError::Database("the database threads have stopped".into()))?;
         let started = Instant::now();
-        while started.elapsed() < POLL_FOR_ANSWER {
+        let polling = Turn::take(&self.pollers);
+        while polling.is_some() && started.elapsed() < POLL_FOR_ANSWER {
             match answer.try_recv() {
                 Ok(result) => return result,
                 Err(oneshot::error::TryRecvError::Empty) => {
@@ -173,13 +183,18 @@ impl ConnectionPool {
 }
 
 /// Runs work from the queue until every sender is gone (`None`) or a stop arrives (its answer).
-fn serve(connection: &mut Connection, work: &Receiver<Job>, mut durability: Durability) -> Option<oneshot::Sender<()>> {
+fn serve(
+    connection: &mut Connection,
+    work: &Receiver<Job>,
+    spinners: &AtomicUsize,
+    mut durability: Durability,
+) -> Option<oneshot::Sender<()>> {
     // A job taken from the queue while gathering a group of writes, run right after the group.
     let mut held = None;
     loop {
         let job = match held.take() {
             Some(job) => job,
-            None => next_job(work)?,
+            None => next_job(work, spinners)?,
         };
         match job {
             Job::Run(job) => {
@@ -205,16 +220,39 @@ fn serve(connection: &mut Connection, work: &Receiver<Job>, mut durability: Dura
     }
 }
 
-/// The next job, polling for a moment before sleeping; `None` once every sender is gone.
-fn next_job(work: &Receiver<Job>) -> Option<Job> {
-    let started = Instant::now();
-    loop {
-        match work.try_recv() {
-            Ok(job) => return Some(job),
-            Err(TryRecvError::Disconnected) => return None,
-            Err(TryRecvError::Empty) if started.elapsed() < SPIN_BEFORE_SLEEP => thread::yield_now(),
-            Err(TryRecvError::Empty) => return work.recv().ok(),
+/// The next job; the first idle thread polls for a moment before sleeping, the others sleep at once.
+fn next_job(work: &Receiver<Job>, spinners: &AtomicUsize) -> Option<Job> {
+    if let Some(_spinning) = Turn::take(spinners) {
+        let started = Instant::now();
+        while started.elapsed() < SPIN_BEFORE_SLEEP {
+            match work.try_recv() {
+                Ok(job) => return Some(job),
+                Err(TryRecvError::Disconnected) => return None,
+                Err(TryRecvError::Empty) => thread::yield_now(),
+            }
         }
+    }
+    work.recv().ok()
+}
+
+/// The one turn to poll that a counter hands out, given back on drop.
+struct Turn<'a>(&'a AtomicUsize);
+
+impl<'a> Turn<'a> {
+    /// The turn, unless someone holds it.
+    fn take(holders: &'a AtomicUsize) -> Option<Turn<'a>> {
+        if holders.fetch_add(1, Ordering::AcqRel) == 0 {
+            Some(Turn(holders))
+        } else {
+            holders.fetch_sub(1, Ordering::AcqRel);
+            None
+        }
+    }
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
 
