@@ -1,12 +1,13 @@
 //! Benchmark of approval-gated automations end to end: submit a refund script, wait until it
 //! asks for approval, approve it, wait until it completed, for many automations at once.
 //!
-//! `cargo run --release --example bench_approvals [-- --db URL] [--count N] [--concurrency C]`
+//! `cargo run --release --example bench_approvals [-- --db URL] [--count N] [--concurrency C] [--workers W]`
 //! prints one JSON object: approvals per second over the whole batch, and the per-automation
 //! latency of submit → pending and decide → completed (`{n, min, median, p99, max}` in ms).
 //! The default database is a fresh SQLite file (WAL, `synchronous=FULL`); pass
 //! `--db postgres://…` for PostgreSQL (its tables are reused; orders are per-run ids).
-//! Scripts run on worker threads here; the server runs them in worker processes.
+//! `--workers` is the engine's concurrent executions (16). Scripts run on worker threads here;
+//! the server runs them in worker processes.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -50,6 +51,7 @@ async fn settled(automations: &Automations, id: &RunId) -> resumable::automation
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let count: usize = arg("--count").and_then(|c| c.parse().ok()).unwrap_or(500);
     let concurrency: usize = arg("--concurrency").and_then(|c| c.parse().ok()).unwrap_or(64);
+    let workers: usize = arg("--workers").and_then(|c| c.parse().ok()).unwrap_or(16);
     let dir = std::env::temp_dir().join(format!("resumable-bench-approvals-{}", std::process::id()));
     std::fs::create_dir_all(&dir)?;
     let url = arg("--db").unwrap_or_else(|| format!("sqlite://{}", dir.join("bench.db").display()));
@@ -63,7 +65,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let host = orders.clone();
     let automations = Automations::builder(store, db, &[5u8; 32])
         .host(move |tenant| host.host_functions(tenant))
-        .engine(|e| e.workers(16))
+        .engine(move |e| e.workers(workers))
         .build()?;
 
     let gate = Arc::new(Semaphore::new(concurrency));
