@@ -14,20 +14,29 @@
 //! Open both the engine's store and the application's tables with [`AppDb::open`], and hand
 //! [`AppDb::store`] to the engine.
 
+mod postgres;
+mod sqlite;
+mod transaction;
+mod value;
+
+pub use transaction::{Guard, Step, TxOutcome};
+pub use value::{FromSqlValue, Param, Row, SqlValue};
+
 use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use resumable_workflow::{SqliteStore, Store, StoreError};
-use rusqlite::types::{ToSqlOutput, ValueRef};
-use sqlx::postgres::{PgArguments, PgPool, PgPoolOptions, PgRow};
-use sqlx::query::Query;
-use sqlx::{Column as _, Executor as _, Postgres, Row as _, TypeInfo as _};
+use sqlx::Executor as _;
+use sqlx::postgres::{PgPool, PgPoolOptions};
+
+use postgres::{pg_columns, pg_query, pg_row};
+use sqlite::{sqlite_execute, sqlite_fetch, sqlite_migrate, sqlite_transaction};
 
 /// The schema versions of each backend: (version, name, SQL).
-const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[(1, "app", include_str!("../migrations/app/sqlite/0001_app.sql"))];
+const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[(1, "app", include_str!("../../migrations/app/sqlite/0001_app.sql"))];
 const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "app", include_str!("../migrations/app/postgres/0001_app.sql"))];
+    &[(1, "app", include_str!("../../migrations/app/postgres/0001_app.sql"))];
 
 /// A lock id for PostgreSQL's advisory lock around migrations ("resumable-app").
 const MIGRATION_LOCK: i64 = 0x7265_7375_6d61_7070;
@@ -88,240 +97,6 @@ impl From<StoreError> for DbError {
             other => DbError(other.to_string()),
         }
     }
-}
-
-/// A SQLite error inside a [`SqliteStore`] closure.
-fn sqlite(e: rusqlite::Error) -> StoreError {
-    StoreError::Database(e.to_string())
-}
-
-/// A statement parameter (`$1`, `$2`, … in the order given). Each carries its SQL type, so that a
-/// NULL is typed as PostgreSQL expects; build them with `From` (`42.into()`, `"text".into()`,
-/// `None::<String>.into()`).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Param {
-    /// A 64-bit integer (`BIGINT` / `INTEGER`), or NULL.
-    Int(Option<i64>),
-    /// Text, or NULL.
-    Text(Option<String>),
-    /// Bytes (`BYTEA` / `BLOB`), or NULL.
-    Bytes(Option<Vec<u8>>),
-}
-
-impl From<i64> for Param {
-    fn from(v: i64) -> Param {
-        Param::Int(Some(v))
-    }
-}
-
-impl From<Option<i64>> for Param {
-    fn from(v: Option<i64>) -> Param {
-        Param::Int(v)
-    }
-}
-
-impl From<&str> for Param {
-    fn from(v: &str) -> Param {
-        Param::Text(Some(v.to_owned()))
-    }
-}
-
-impl From<String> for Param {
-    fn from(v: String) -> Param {
-        Param::Text(Some(v))
-    }
-}
-
-impl From<Option<String>> for Param {
-    fn from(v: Option<String>) -> Param {
-        Param::Text(v)
-    }
-}
-
-impl From<Vec<u8>> for Param {
-    fn from(v: Vec<u8>) -> Param {
-        Param::Bytes(Some(v))
-    }
-}
-
-impl From<Option<Vec<u8>>> for Param {
-    fn from(v: Option<Vec<u8>>) -> Param {
-        Param::Bytes(v)
-    }
-}
-
-impl From<&[u8]> for Param {
-    fn from(v: &[u8]) -> Param {
-        Param::Bytes(Some(v.to_vec()))
-    }
-}
-
-impl rusqlite::ToSql for Param {
-    fn to_sql(&self) -> rusqlite::Result<ToSqlOutput<'_>> {
-        Ok(ToSqlOutput::Borrowed(match self {
-            Param::Int(Some(v)) => ValueRef::Integer(*v),
-            Param::Text(Some(v)) => ValueRef::Text(v.as_bytes()),
-            Param::Bytes(Some(v)) => ValueRef::Blob(v),
-            Param::Int(None) | Param::Text(None) | Param::Bytes(None) => ValueRef::Null,
-        }))
-    }
-}
-
-/// A value read from a result column.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum SqlValue {
-    /// NULL.
-    Null,
-    /// An integer (of any width; a PostgreSQL boolean reads as 0 or 1).
-    Int(i64),
-    /// Text.
-    Text(String),
-    /// Bytes.
-    Bytes(Vec<u8>),
-}
-
-impl SqlValue {
-    /// The kind of value, for error messages.
-    fn kind(&self) -> &'static str {
-        match self {
-            SqlValue::Null => "NULL",
-            SqlValue::Int(_) => "an integer",
-            SqlValue::Text(_) => "text",
-            SqlValue::Bytes(_) => "bytes",
-        }
-    }
-}
-
-/// A Rust type a [`SqlValue`] converts to, for [`Row::get`].
-pub trait FromSqlValue: Sized {
-    /// What the type expects, for error messages.
-    const EXPECTED: &'static str;
-
-    /// The value as this type; `None` if it has another kind.
-    fn from_sql_value(value: &SqlValue) -> Option<Self>;
-}
-
-impl FromSqlValue for i64 {
-    const EXPECTED: &'static str = "an integer";
-
-    fn from_sql_value(value: &SqlValue) -> Option<i64> {
-        match value {
-            SqlValue::Int(v) => Some(*v),
-            _ => None,
-        }
-    }
-}
-
-impl FromSqlValue for String {
-    const EXPECTED: &'static str = "text";
-
-    fn from_sql_value(value: &SqlValue) -> Option<String> {
-        match value {
-            SqlValue::Text(v) => Some(v.clone()),
-            _ => None,
-        }
-    }
-}
-
-impl FromSqlValue for Vec<u8> {
-    const EXPECTED: &'static str = "bytes";
-
-    fn from_sql_value(value: &SqlValue) -> Option<Vec<u8>> {
-        match value {
-            SqlValue::Bytes(v) => Some(v.clone()),
-            _ => None,
-        }
-    }
-}
-
-impl<T: FromSqlValue> FromSqlValue for Option<T> {
-    const EXPECTED: &'static str = T::EXPECTED;
-
-    fn from_sql_value(value: &SqlValue) -> Option<Option<T>> {
-        match value {
-            SqlValue::Null => Some(None),
-            other => T::from_sql_value(other).map(Some),
-        }
-    }
-}
-
-/// One result row, owned: its values by column name.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Row {
-    /// The column names, shared by the rows of one result.
-    columns: Arc<[String]>,
-    /// The values, in column order.
-    values: Vec<SqlValue>,
-}
-
-impl Row {
-    /// The value of `column` as a `T` (an `Option<T>` reads NULL as `None`).
-    pub fn get<T: FromSqlValue>(&self, column: &str) -> Result<T, DbError> {
-        let value = self
-            .columns
-            .iter()
-            .position(|c| c == column)
-            .and_then(|i| self.values.get(i))
-            .ok_or_else(|| DbError(format!("no column {column:?} in the result")))?;
-        T::from_sql_value(value)
-            .ok_or_else(|| DbError(format!("column {column:?} holds {}, expected {}", value.kind(), T::EXPECTED)))
-    }
-}
-
-/// What a [`Step`] of a [`AppDb::transaction`] decides from the number of rows its statement
-/// affected.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Guard {
-    /// Go on, whatever the count.
-    Continue,
-    /// Unless exactly this many rows were affected, stop here: commit the steps so far (this one
-    /// included) and skip the rest.
-    StopUnless(u64),
-    /// Unless exactly this many rows were affected, roll the whole transaction back and end it
-    /// with [`TxOutcome::Refused`] carrying the message.
-    RefuseUnless(u64, String),
-}
-
-/// One statement of a [`AppDb::transaction`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Step {
-    /// The SQL (`$1`-style parameters).
-    sql: &'static str,
-    /// The parameters.
-    params: Vec<Param>,
-    /// What the affected-row count decides.
-    guard: Guard,
-}
-
-impl Step {
-    /// A step that runs `sql` with `params` and goes on whatever it affected.
-    pub fn new(sql: &'static str, params: Vec<Param>) -> Step {
-        Step { sql, params, guard: Guard::Continue }
-    }
-
-    /// The step with `guard` deciding what follows it.
-    pub fn guard(mut self, guard: Guard) -> Step {
-        self.guard = guard;
-        self
-    }
-
-    /// What follows the step, given the rows its statement affected; `None` to go on.
-    fn decide(&self, affected: u64) -> Option<TxOutcome> {
-        match &self.guard {
-            Guard::StopUnless(n) if affected != *n => Some(TxOutcome::Committed),
-            Guard::RefuseUnless(n, message) if affected != *n => Some(TxOutcome::Refused(message.clone())),
-            _ => None,
-        }
-    }
-}
-
-/// How a [`AppDb::transaction`] ended.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum TxOutcome {
-    /// Committed: every step ran, or a [`Guard::StopUnless`] stopped it.
-    Committed,
-    /// Rolled back by a [`Guard::RefuseUnless`], with its message.
-    Refused(String),
 }
 
 /// The connections an [`AppDb`] runs its statements on.
@@ -483,155 +258,6 @@ fn pending(
     Ok(migrations.iter().filter(move |m| m.0 > current))
 }
 
-/// The SQLite migrations, in the store's write transaction.
-fn sqlite_migrate(conn: &rusqlite::Connection) -> Result<(), StoreError> {
-    conn.execute_batch(CREATE_MIGRATIONS_TABLE).map_err(sqlite)?;
-    let current: i64 = conn.query_row(CURRENT_VERSION, [], |row| row.get(0)).map_err(sqlite)?;
-    for &(version, name, sql) in pending(SQLITE_MIGRATIONS, current).map_err(|e| StoreError::Database(e.0))? {
-        conn.execute_batch(sql).map_err(sqlite)?;
-        sqlite_execute(conn, RECORD_MIGRATION, &[version.into(), name.into(), now_ms().into()])?;
-    }
-    Ok(())
-}
-
-/// Runs a statement that returns rows on SQLite: a `SELECT` on a read connection, anything else
-/// on the writer.
-async fn sqlite_fetch(store: &SqliteStore, sql: &'static str, params: Vec<Param>) -> Result<Vec<Row>, DbError> {
-    let work = move |conn: &rusqlite::Connection| sqlite_query(conn, sql, &params);
-    Ok(if is_select(sql) { store.read(work).await? } else { store.write(work).await? })
-}
-
-/// Whether `sql` is a `SELECT` (which reads only).
-fn is_select(sql: &str) -> bool {
-    sql.trim_start().get(..6).is_some_and(|word| word.eq_ignore_ascii_case("select"))
-}
-
-/// Prepares `sql` (cached) and binds `params` to `$1`, `$2`, … by name: SQLite numbers named
-/// parameters by first appearance, not by the digits.
-fn sqlite_prepare<'c>(
-    conn: &'c rusqlite::Connection,
-    sql: &str,
-    params: &[Param],
-) -> Result<rusqlite::CachedStatement<'c>, StoreError> {
-    let mut stmt = conn.prepare_cached(sql).map_err(sqlite)?;
-    if stmt.parameter_count() != params.len() {
-        return Err(StoreError::Database(format!(
-            "the statement takes {} parameters, {} were given",
-            stmt.parameter_count(),
-            params.len()
-        )));
-    }
-    for (i, param) in params.iter().enumerate() {
-        let name = format!("${}", i + 1);
-        let index = stmt
-            .parameter_index(&name)
-            .map_err(sqlite)?
-            .ok_or_else(|| StoreError::Database(format!("the statement has no parameter {name}")))?;
-        stmt.raw_bind_parameter(index, param).map_err(sqlite)?;
-    }
-    Ok(stmt)
-}
-
-/// Runs one statement that returns no rows; the rows it affected.
-fn sqlite_execute(conn: &rusqlite::Connection, sql: &str, params: &[Param]) -> Result<u64, StoreError> {
-    let affected = sqlite_prepare(conn, sql, params)?.raw_execute().map_err(sqlite)?;
-    Ok(u64::try_from(affected).unwrap_or(u64::MAX))
-}
-
-/// Runs one statement and reads all its rows.
-fn sqlite_query(conn: &rusqlite::Connection, sql: &str, params: &[Param]) -> Result<Vec<Row>, StoreError> {
-    let mut stmt = sqlite_prepare(conn, sql, params)?;
-    let columns: Arc<[String]> = stmt.column_names().into_iter().map(str::to_owned).collect();
-    let mut rows = stmt.raw_query();
-    let mut out = Vec::new();
-    while let Some(row) = rows.next().map_err(sqlite)? {
-        let values = (0..columns.len())
-            .map(|i| {
-                Ok(match row.get_ref(i).map_err(sqlite)? {
-                    ValueRef::Null => SqlValue::Null,
-                    ValueRef::Integer(v) => SqlValue::Int(v),
-                    ValueRef::Text(v) => SqlValue::Text(
-                        String::from_utf8(v.to_vec())
-                            .map_err(|_| StoreError::Corrupt(format!("column {:?} is not UTF-8", columns[i])))?,
-                    ),
-                    ValueRef::Blob(v) => SqlValue::Bytes(v.to_vec()),
-                    ValueRef::Real(_) => {
-                        return Err(StoreError::Database(format!("column {:?} is a float", columns[i])));
-                    }
-                })
-            })
-            .collect::<Result<_, StoreError>>()?;
-        out.push(Row { columns: Arc::clone(&columns), values });
-    }
-    Ok(out)
-}
-
-/// Runs a transaction's steps inside a savepoint of the store's write transaction, so that a
-/// refusal rolls back these steps and nothing else.
-fn sqlite_transaction(conn: &rusqlite::Connection, steps: &[Step]) -> Result<TxOutcome, StoreError> {
-    const UNDO: &str = "ROLLBACK TO app_transaction; RELEASE app_transaction";
-    conn.execute_batch("SAVEPOINT app_transaction").map_err(sqlite)?;
-    let mut outcome = Ok(TxOutcome::Committed);
-    for step in steps {
-        match sqlite_execute(conn, step.sql, &step.params).map(|affected| step.decide(affected)) {
-            Ok(None) => {}
-            Ok(Some(end)) => {
-                outcome = Ok(end);
-                break;
-            }
-            Err(e) => {
-                outcome = Err(e);
-                break;
-            }
-        }
-    }
-    match outcome {
-        Ok(TxOutcome::Committed) => conn.execute_batch("RELEASE app_transaction").map_err(sqlite)?,
-        Ok(TxOutcome::Refused(_)) => conn.execute_batch(UNDO).map_err(sqlite)?,
-        // The error matters more than a failure to undo (the store rolls the work back anyway).
-        Err(_) => {
-            let _ = conn.execute_batch(UNDO);
-        }
-    }
-    outcome
-}
-
-/// A sqlx query of `sql` with `params` bound in order.
-fn pg_query<'q>(sql: &'q str, params: &'q [Param]) -> Query<'q, Postgres, PgArguments> {
-    params.iter().fold(sqlx::query(sql), |query, param| match param {
-        Param::Int(v) => query.bind(*v),
-        Param::Text(v) => query.bind(v.as_deref()),
-        Param::Bytes(v) => query.bind(v.as_deref()),
-    })
-}
-
-/// The column names of a PostgreSQL result.
-fn pg_columns(row: &PgRow) -> Arc<[String]> {
-    row.columns().iter().map(|c| c.name().to_owned()).collect()
-}
-
-/// A PostgreSQL row as an owned [`Row`].
-fn pg_row(row: &PgRow, columns: &Arc<[String]>) -> Result<Row, DbError> {
-    let values = row
-        .columns()
-        .iter()
-        .enumerate()
-        .map(|(i, column)| {
-            let value = match column.type_info().name() {
-                "INT8" => row.try_get::<Option<i64>, _>(i)?.map(SqlValue::Int),
-                "INT4" => row.try_get::<Option<i32>, _>(i)?.map(|v| SqlValue::Int(v.into())),
-                "INT2" => row.try_get::<Option<i16>, _>(i)?.map(|v| SqlValue::Int(v.into())),
-                "BOOL" => row.try_get::<Option<bool>, _>(i)?.map(|v| SqlValue::Int(v.into())),
-                "TEXT" | "VARCHAR" | "BPCHAR" | "NAME" => row.try_get::<Option<String>, _>(i)?.map(SqlValue::Text),
-                "BYTEA" => row.try_get::<Option<Vec<u8>>, _>(i)?.map(SqlValue::Bytes),
-                other => return Err(DbError(format!("column {:?} has the unsupported type {other}", column.name()))),
-            };
-            Ok(value.unwrap_or(SqlValue::Null))
-        })
-        .collect::<Result<_, DbError>>()?;
-    Ok(Row { columns: Arc::clone(columns), values })
-}
-
 /// The current time in milliseconds since the Unix epoch.
 pub(crate) fn now_ms() -> i64 {
     to_ms(SystemTime::now())
@@ -654,6 +280,7 @@ pub(crate) fn from_ms(ms: i64) -> SystemTime {
 
 #[cfg(test)]
 mod tests {
+    use super::sqlite::is_select;
     use super::*;
     use crate::testing::TempDb;
 
