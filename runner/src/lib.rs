@@ -13,6 +13,7 @@ mod sandbox;
 mod state;
 mod store;
 mod text;
+mod turn;
 
 pub use error::{ErrorCode, RunError};
 pub use limits::{Limit, LimitError, LimitOverrides, Limits};

@@ -4,8 +4,11 @@ use crate::error::{ErrorCode, RunError};
 use crate::job::{Job, RawOutcome};
 use crate::limits::MAX_STACK_BYTES;
 use crate::sandbox::Engine;
+use crate::turn::Turn;
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
 use std::panic::{AssertUnwindSafe, catch_unwind};
+use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 use std::thread;
 use std::time::{Duration, Instant};
@@ -23,20 +26,24 @@ pub(crate) struct Task {
 /// A fixed set of worker threads.
 pub(crate) struct Pool {
     queue: Sender<Task>,
+    /// Callers polling for their answer right now (see [`answer_soon`]).
+    pollers: Arc<AtomicUsize>,
 }
 
 impl Pool {
     pub(crate) fn new(workers: usize, queue_capacity: usize) -> Result<Pool, String> {
         let (queue, jobs) = bounded::<Task>(queue_capacity);
+        let spinners = Arc::new(AtomicUsize::new(0));
         for index in 0..workers {
             let jobs = jobs.clone();
+            let spinners = Arc::clone(&spinners);
             thread::Builder::new()
                 .name(format!("resumable-worker-{index}"))
                 .stack_size(4 * MAX_STACK_BYTES + 1024 * 1024)
-                .spawn(move || work(jobs))
+                .spawn(move || work(jobs, &spinners))
                 .map_err(|e| format!("cannot start worker thread: {e}"))?;
         }
-        Ok(Pool { queue })
+        Ok(Pool { queue, pollers: Arc::new(AtomicUsize::new(0)) })
     }
 
     /// Queues a job; a full queue is `RUN_CONCURRENCY_LIMIT`.
@@ -52,7 +59,7 @@ impl Pool {
     }
 }
 
-fn work(jobs: Receiver<Task>) {
+fn work(jobs: Receiver<Task>, spinners: &AtomicUsize) {
     let mut engine: Option<Engine> = None;
     loop {
         if engine.is_none() {
@@ -63,7 +70,7 @@ fn work(jobs: Receiver<Task>) {
                 engine.prepare_spare();
             }
         }
-        let Some(Task { mut job, reply }) = next_task(&jobs) else { return };
+        let Some(Task { mut job, reply }) = next_task(&jobs, spinners) else { return };
         let result = if job.abort.load(Ordering::SeqCst) {
             Err(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"))
         } else {
@@ -85,10 +92,12 @@ fn work(jobs: Receiver<Task>) {
     }
 }
 
-/// The next task, polling for a moment before sleeping on the queue.
-fn next_task(jobs: &Receiver<Task>) -> Option<Task> {
+/// The next task; the first idle worker polls for a moment before sleeping, the others sleep
+/// at once (more pollers only take the cores from the workers that have work).
+fn next_task(jobs: &Receiver<Task>, spinners: &AtomicUsize) -> Option<Task> {
     let started = Instant::now();
-    while started.elapsed() < SPIN_BEFORE_SLEEP {
+    let spinning = Turn::take(spinners);
+    while spinning.is_some() && started.elapsed() < SPIN_BEFORE_SLEEP {
         match jobs.try_recv() {
             Ok(task) => return Some(task),
             Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
@@ -104,11 +113,14 @@ const POLL_FOR_ANSWER: Duration = Duration::from_micros(100);
 
 /// Waits for a worker's answer, polling for a moment first: most runs finish
 /// in less time than it takes to wake a sleeping executor thread.
+/// One caller of the pool polls at a time; the others wait to be woken at once.
 pub(crate) async fn answer_soon<T>(
+    pool: &Pool,
     answer: &mut tokio::sync::oneshot::Receiver<T>,
 ) -> Result<T, tokio::sync::oneshot::error::RecvError> {
     let started = Instant::now();
-    while started.elapsed() < POLL_FOR_ANSWER {
+    let polling = Turn::take(&pool.pollers);
+    while polling.is_some() && started.elapsed() < POLL_FOR_ANSWER {
         match answer.try_recv() {
             Ok(value) => return Ok(value),
             Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {
