@@ -99,6 +99,24 @@ fn random_hex(bytes: usize) -> String {
     buf.iter().map(|b| format!("{b:02x}")).collect()
 }
 
+/// Declares a scenario's two tests, on PostgreSQL and on SQLite; each runs alone among the tests
+/// of this file (they start many processes).
+macro_rules! on_both_backends {
+    ($scenario:ident: $pg:ident, $sqlite:ident) => {
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $pg() {
+            let _serial = serial().await;
+            $scenario(Backend::Pg).await;
+        }
+
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $sqlite() {
+            let _serial = serial().await;
+            $scenario(Backend::Sqlite).await;
+        }
+    };
+}
+
 // ---------------------------------------------------------------------------------------------
 // The shared database and the side-effect tables.
 // ---------------------------------------------------------------------------------------------
@@ -796,17 +814,7 @@ async fn many_runs_exactly_once(backend: Backend) {
     setup.finish().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_four_processes_run_every_step_exactly_once() {
-    let _serial = serial().await;
-    many_runs_exactly_once(Backend::Pg).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_four_processes_run_every_step_exactly_once() {
-    let _serial = serial().await;
-    many_runs_exactly_once(Backend::Sqlite).await;
-}
+on_both_backends!(many_runs_exactly_once: pg_four_processes_run_every_step_exactly_once, sqlite_four_processes_run_every_step_exactly_once);
 
 // ---------------------------------------------------------------------------------------------
 // 2. Twelve processes claim one hook token at about the same moment: one wins.
@@ -883,17 +891,7 @@ async fn concurrent_hook_claims(backend: Backend) {
     setup.finish().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_concurrent_hook_claims_from_twelve_processes() {
-    let _serial = serial().await;
-    concurrent_hook_claims(Backend::Pg).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_concurrent_hook_claims_from_twelve_processes() {
-    let _serial = serial().await;
-    concurrent_hook_claims(Backend::Sqlite).await;
-}
+on_both_backends!(concurrent_hook_claims: pg_concurrent_hook_claims_from_twelve_processes, sqlite_concurrent_hook_claims_from_twelve_processes);
 
 // ---------------------------------------------------------------------------------------------
 // 3. A worker killed inside a step: another process takes the run over after the lease.
@@ -949,17 +947,7 @@ async fn killed_worker_is_taken_over(backend: Backend) {
     setup.finish().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_worker_killed_inside_a_step_is_taken_over() {
-    let _serial = serial().await;
-    killed_worker_is_taken_over(Backend::Pg).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_worker_killed_inside_a_step_is_taken_over() {
-    let _serial = serial().await;
-    killed_worker_is_taken_over(Backend::Sqlite).await;
-}
+on_both_backends!(killed_worker_is_taken_over: pg_worker_killed_inside_a_step_is_taken_over, sqlite_worker_killed_inside_a_step_is_taken_over);
 
 // ---------------------------------------------------------------------------------------------
 // 4. A timer due while every worker is down fires once when a worker comes back.
@@ -1019,17 +1007,7 @@ async fn timer_due_while_workers_are_down(backend: Backend) {
     setup.finish().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_timer_due_while_every_worker_is_down_fires_once() {
-    let _serial = serial().await;
-    timer_due_while_workers_are_down(Backend::Pg).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_timer_due_while_every_worker_is_down_fires_once() {
-    let _serial = serial().await;
-    timer_due_while_workers_are_down(Backend::Sqlite).await;
-}
+on_both_backends!(timer_due_while_workers_are_down: pg_timer_due_while_every_worker_is_down_fires_once, sqlite_timer_due_while_every_worker_is_down_fires_once);
 
 // ---------------------------------------------------------------------------------------------
 // 5. A hook resumed from another process wakes the waiting run quickly.
@@ -1068,14 +1046,4 @@ async fn cross_process_resume_wakes_quickly(backend: Backend) {
     setup.finish().await;
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn pg_cross_process_hook_resume_wakes_the_run_quickly() {
-    let _serial = serial().await;
-    cross_process_resume_wakes_quickly(Backend::Pg).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn sqlite_cross_process_hook_resume_wakes_the_run_quickly() {
-    let _serial = serial().await;
-    cross_process_resume_wakes_quickly(Backend::Sqlite).await;
-}
+on_both_backends!(cross_process_resume_wakes_quickly: pg_cross_process_hook_resume_wakes_the_run_quickly, sqlite_cross_process_hook_resume_wakes_the_run_quickly);
