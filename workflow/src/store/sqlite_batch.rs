@@ -87,8 +87,16 @@ pub(crate) fn run_batch(connection: &Connection, mut batch: Vec<Box<dyn BatchedW
         .prepare(connection, relax)
         .and_then(|()| connection.execute_batch("BEGIN IMMEDIATE").map_err(db))
         .and_then(|()| {
-            for write in batch.iter_mut() {
-                run_in_savepoint(connection, write.as_mut())?;
+            if let [only] = batch.as_mut_slice() {
+                // Alone in its group, a write needs no savepoint: if it fails, the whole
+                // transaction rolls back, and its caller gets its own error.
+                if !run_caught(connection, only.as_mut()) {
+                    return Err(StoreError::Database("the write failed and was rolled back".into()));
+                }
+            } else {
+                for write in batch.iter_mut() {
+                    run_in_savepoint(connection, write.as_mut())?;
+                }
             }
             connection.execute_batch("COMMIT").map_err(db)
         });
@@ -103,9 +111,13 @@ pub(crate) fn run_batch(connection: &Connection, mut batch: Vec<Box<dyn BatchedW
 /// Runs one write; its changes are undone if it fails (or panics) and kept otherwise.
 fn run_in_savepoint(connection: &Connection, write: &mut dyn BatchedWrite) -> Result<(), StoreError> {
     connection.execute_batch("SAVEPOINT batched_write").map_err(db)?;
-    let ok = catch_unwind(AssertUnwindSafe(|| write.run(connection))).unwrap_or(false);
-    if !ok {
+    if !run_caught(connection, write) {
         connection.execute_batch("ROLLBACK TO batched_write").map_err(db)?;
     }
     connection.execute_batch("RELEASE batched_write").map_err(db)
+}
+
+/// Runs one write; false if it failed or panicked.
+fn run_caught(connection: &Connection, write: &mut dyn BatchedWrite) -> bool {
+    catch_unwind(AssertUnwindSafe(|| write.run(connection))).unwrap_or(false)
 }

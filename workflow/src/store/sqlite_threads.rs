@@ -389,4 +389,21 @@ mod tests {
             .unwrap();
         assert_eq!(kept, [0, 1, 2, 4, 6, 7]);
     }
+
+    #[tokio::test]
+    async fn a_write_alone_in_its_group_that_fails_leaves_nothing_and_keeps_its_error() {
+        let pool = ConnectionPool::open_writer("test-db", false, memory).unwrap();
+        pool.run(|c| c.execute_batch("CREATE TABLE t (v INTEGER)").map_err(db)).await.unwrap();
+        let failed = pool
+            .write(false, |c| {
+                c.execute("INSERT INTO t VALUES (1)", []).map_err(db)?;
+                Err::<(), _>(StoreError::Corrupt("refused".into()))
+            })
+            .await;
+        assert_eq!(failed, Err(StoreError::Corrupt("refused".into())));
+        let rows: i64 =
+            pool.run(|c| c.query_row("SELECT COUNT(*) FROM t", [], |r| r.get(0)).map_err(db)).await.unwrap();
+        assert_eq!(rows, 0);
+        assert_eq!(pool.write(false, |c| c.execute("INSERT INTO t VALUES (2)", []).map_err(db)).await, Ok(1));
+    }
 }
