@@ -41,6 +41,7 @@ pub mod continuations;
 pub mod db;
 pub mod orders;
 pub mod server;
+pub mod session;
 #[cfg(test)]
 mod testing;
 

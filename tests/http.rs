@@ -8,10 +8,11 @@
 //! One scenario is `#[ignore]`d because it waits out the engine's 30 s lease; run it with
 //! `cargo test --test http -- --ignored`.
 
+#[macro_use]
 mod support;
 
 use serde_json::{Value, json};
-use support::{Client, Db, Response, Server, TempDir, WAIT};
+use support::{Backend, Client, Db, Response, Server, TempDir, WAIT};
 
 /// Reads an order, then asks to refund part of it.
 const REFUND: &str = "const o = await orders.get('A-1002'); return await orders.refund(o.id, 1500);";
@@ -28,37 +29,6 @@ const REFUND_THEN_WORK: &str = "const o = await orders.get('A-1002');
 const SUBMIT_ONLY_KEYS: &str =
     r#"{"keys":[{"key":"submit-only-key","actor":"bob","tenant":"acme","roles":["submitter"]}]}"#;
 
-/// Where a test's server keeps its data.
-#[derive(Clone, Copy, Debug)]
-enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-/// Declares a scenario as a module of two tests: `sqlite`, and `postgres`, which passes without
-/// doing anything when no PostgreSQL test server is configured (`RESUMABLE_TEST_PG_URL`).
-macro_rules! on_both_backends {
-    ($(#[$attr:meta])* async fn $name:ident($backend:ident) $body:block) => {
-        mod $name {
-            use super::*;
-
-            async fn scenario($backend: Backend) $body
-
-            $(#[$attr])*
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn sqlite() {
-                scenario(Backend::Sqlite).await
-            }
-
-            $(#[$attr])*
-            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-            async fn postgres() {
-                scenario(Backend::Postgres).await
-            }
-        }
-    };
-}
-
 /// A server of its own, a client with the `demo-acme` key, and the server's database. Fields
 /// drop in order: the server is killed before its directory is removed.
 struct Fixture {
@@ -72,11 +42,7 @@ impl Fixture {
     /// Starts on a fresh database of `backend`, with `keys` (a keys file's JSON) passed as
     /// `--keys` if given; `None` on PostgreSQL when no test server is configured.
     fn start_on(backend: Backend, name: &str, keys: Option<&str>) -> Option<Fixture> {
-        let dir = match backend {
-            Backend::Sqlite => TempDir::new(name),
-            Backend::Postgres => TempDir::postgres(name)?,
-        };
-        Some(Fixture::on(dir, keys))
+        Some(Fixture::on(TempDir::on(backend, name)?, keys))
     }
 
     fn on(dir: TempDir, keys: Option<&str>) -> Fixture {

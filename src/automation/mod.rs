@@ -32,6 +32,7 @@ pub use workflow::{AutomationInput, HostProvider, PendingRequest, WORKFLOW};
 
 use crate::continuations::SqlContinuationStore;
 use crate::db::AppDb;
+use crate::session::{SessionState, Sessions, WORKFLOW as SESSION_WORKFLOW, run_session};
 use view::EventLog;
 use workflow::{Deps, run_automation};
 
@@ -90,21 +91,32 @@ impl AutomationsBuilder {
         let codec = StoredCodec::new(Arc::new(continuations.clone()));
         let runner = Runner::new(self.runner.codec(codec)).map_err(|e| AutomationError::Config(e.to_string()))?;
         let tokens = HookTokens::new(&self.secret);
+        let state = SessionState::new(self.db.clone());
         let deps = Arc::new(Deps {
             runner,
             continuations,
             host: self.host,
             tokens: tokens.clone(),
             max_rounds: self.max_rounds,
+            sessions: state.clone(),
         });
-        let mut builder = Engine::builder(self.store).register(WORKFLOW, move |ctx, input| {
-            let deps = Arc::clone(&deps);
-            async move { run_automation(deps, ctx, input).await }
-        });
+        let (session_deps, engine_slot) = Sessions::deps(state.clone(), tokens.clone());
+        let mut builder = Engine::builder(self.store)
+            .register(WORKFLOW, move |ctx, input| {
+                let deps = Arc::clone(&deps);
+                async move { run_automation(deps, ctx, input).await }
+            })
+            .register(SESSION_WORKFLOW, move |ctx, input| {
+                let deps = Arc::clone(&session_deps);
+                async move { run_session(deps, ctx, input).await }
+            });
         if let Some(configure) = self.engine {
             builder = configure(builder);
         }
-        Ok(Automations { engine: builder.build(), tokens, policy_version: self.policy_version })
+        let engine = builder.build();
+        let _ = engine_slot.set(engine.clone());
+        let sessions = Sessions::new(engine.clone(), tokens.clone(), state, self.policy_version.clone());
+        Ok(Automations { engine, tokens, policy_version: self.policy_version, sessions })
     }
 }
 
@@ -114,6 +126,7 @@ pub struct Automations {
     engine: Engine,
     tokens: HookTokens,
     policy_version: String,
+    sessions: Sessions,
 }
 
 impl Automations {
@@ -137,6 +150,11 @@ impl Automations {
         &self.engine
     }
 
+    /// The session service on the same engine.
+    pub fn sessions(&self) -> &Sessions {
+        &self.sessions
+    }
+
     /// Submits a script for `tenant`; returns the automation's id at once (it runs in the
     /// background). With an idempotency key, a repeated submission returns the first one's id.
     pub async fn submit(
@@ -153,6 +171,8 @@ impl Automations {
             context,
             policy_version: self.policy_version.clone(),
             submitted_by: submitted_by.to_owned(),
+            session: None,
+            timeout_ms: None,
         };
         let input = serde_json::to_value(&input).map_err(|e| AutomationError::Internal(e.to_string()))?;
         let keyed = idempotency_key.is_some();

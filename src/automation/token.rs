@@ -33,6 +33,14 @@ impl HookTokens {
         mac.update(&round.to_be_bytes());
         format!("ah_{}", URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes()))
     }
+
+    /// The token of the hook through which session `session_id` receives its commands.
+    pub fn for_session(&self, session_id: &str) -> String {
+        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.secret).expect("HMAC takes keys of any length");
+        mac.update(b"resumable session hook\0");
+        mac.update(session_id.as_bytes());
+        format!("sh_{}", URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes()))
+    }
 }
 
 #[cfg(test)]
@@ -48,5 +56,7 @@ mod tests {
         assert_ne!(a.for_round("run_1", 1), a.for_round("run_2", 1));
         assert_ne!(a.for_round("run_1", 1), b.for_round("run_1", 1));
         assert!(a.for_round("run_1", 1).len() > 40);
+        assert_ne!(a.for_session("run_1"), b.for_session("run_1"));
+        assert_ne!(a.for_session("run_1"), a.for_session("run_2"));
     }
 }

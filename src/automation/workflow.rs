@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use resumable_runner::{Outcome, RunError, RunRequest, Runner};
+use resumable_runner::{Limit, LimitOverrides, Outcome, RunError, RunRequest, Runner};
 use resumable_workflow::{StepContext, StepError, WorkflowContext, WorkflowError};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use super::decision::DecisionBatch;
 use super::token::HookTokens;
 use crate::continuations::SqlContinuationStore;
+use crate::session::SessionState;
 use resumable_host::HostFunctions;
 
 /// The name the automation workflow is registered under.
@@ -37,6 +38,13 @@ pub struct AutomationInput {
     /// Who submitted it.
     #[serde(default)]
     pub submitted_by: String,
+    /// The session this automation is a command of: its script gets `session.*` functions on
+    /// that session's state.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub session: Option<String>,
+    /// The time cap of each round's run in milliseconds (the runner's limit when absent).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub timeout_ms: Option<u64>,
 }
 
 /// A pending request of a round, as approvers see it.
@@ -67,6 +75,7 @@ pub(crate) struct Deps {
     pub(crate) host: HostProvider,
     pub(crate) tokens: HookTokens,
     pub(crate) max_rounds: u32,
+    pub(crate) sessions: SessionState,
 }
 
 fn console_json(outcome_console: &[resumable_runner::ConsoleLine]) -> Vec<Value> {
@@ -74,9 +83,17 @@ fn console_json(outcome_console: &[resumable_runner::ConsoleLine]) -> Vec<Value>
 }
 
 /// The tenant's host functions plus `automation.context()`, which returns the JSON the automation
-/// was submitted with (part of the continuation's scope, so every round sees the same value).
-fn with_context(host: HostFunctions, context: &Value) -> Result<HostFunctions, StepError> {
+/// was submitted with (part of the continuation's scope, so every round sees the same value), and
+/// for a session's command the `session.*` functions on its state.
+fn with_context(
+    host: HostFunctions,
+    context: &Value,
+    session: Option<(&SessionState, &str)>,
+) -> Result<HostFunctions, StepError> {
     let mut builder = HostFunctions::builder();
+    if let Some((state, session)) = session {
+        builder = state.register(builder, session);
+    }
     for name in host.names() {
         let (host, name_owned) = (host.clone(), name.to_owned());
         builder = builder.function(name, move |ctx, args| host.call(&name_owned, ctx, args));
@@ -107,10 +124,20 @@ impl Deps {
         step: StepContext,
     ) -> Result<RoundResult, StepError> {
         let mut request = RunRequest::new(input.source.as_str())
-            .host(with_context((self.host)(&input.tenant), &input.context)?)
+            .host(with_context(
+                (self.host)(&input.tenant),
+                &input.context,
+                input.session.as_deref().map(|s| (&self.sessions, s)),
+            )?)
             .context(json!({ "tenant": input.tenant, "policyVersion": input.policy_version, "context": input.context }))
             .audience(AUDIENCE)
             .logical_run_id(automation_id);
+        if let Some(timeout) = input.timeout_ms {
+            let limits = LimitOverrides::new()
+                .with(Limit::Timeout, i128::from(timeout))
+                .map_err(|e| StepError::fatal(format!("the command's time cap: {e}")))?;
+            request = request.limits(limits);
+        }
         if let Some((token, batch)) = resume {
             if step.attempt > 1 {
                 // An earlier attempt may have consumed the token and crashed before recording.

@@ -34,9 +34,14 @@ use postgres::{pg_columns, pg_query, pg_row};
 use sqlite::{sqlite_execute, sqlite_fetch, sqlite_migrate, sqlite_transaction};
 
 /// The schema versions of each backend: (version, name, SQL).
-const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[(1, "app", include_str!("../../migrations/app/sqlite/0001_app.sql"))];
-const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] =
-    &[(1, "app", include_str!("../../migrations/app/postgres/0001_app.sql"))];
+const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "app", include_str!("../../migrations/app/sqlite/0001_app.sql")),
+    (2, "sessions", include_str!("../../migrations/app/sqlite/0002_sessions.sql")),
+];
+const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "app", include_str!("../../migrations/app/postgres/0001_app.sql")),
+    (2, "sessions", include_str!("../../migrations/app/postgres/0002_sessions.sql")),
+];
 
 /// A lock id for PostgreSQL's advisory lock around migrations ("resumable-app").
 const MIGRATION_LOCK: i64 = 0x7265_7375_6d61_7070;

@@ -19,18 +19,36 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, state: &S) -> Result<ApiJson<T>, ApiError> {
-        let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-            if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-                ApiError::too_large(format!("the request body is larger than {MAX_BODY_BYTES} bytes"))
-            } else {
-                ApiError::bad_request("the request body could not be read")
-            }
-        })?;
-        if bytes.is_empty() {
-            return Err(ApiError::bad_request("a JSON body is required"));
+        match read_json(req, state).await? {
+            Some(value) => Ok(ApiJson(value)),
+            None => Err(ApiError::bad_request("a JSON body is required")),
         }
-        serde_json::from_slice(&bytes)
-            .map(ApiJson)
-            .map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
     }
+}
+
+/// Like [`ApiJson`], with `T::default()` for an empty body.
+#[derive(Debug)]
+pub struct ApiJsonOrDefault<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for ApiJsonOrDefault<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<ApiJsonOrDefault<T>, ApiError> {
+        Ok(ApiJsonOrDefault(read_json(req, state).await?.unwrap_or_default()))
+    }
+}
+
+/// The body decoded as `T`, or `None` when it is empty.
+async fn read_json<S: Send + Sync, T: DeserializeOwned>(req: Request, state: &S) -> Result<Option<T>, ApiError> {
+    let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(format!("the request body is larger than {MAX_BODY_BYTES} bytes"))
+        } else {
+            ApiError::bad_request("the request body could not be read")
+        }
+    })?;
+    if bytes.is_empty() {
+        return Ok(None);
+    }
+    serde_json::from_slice(&bytes).map(Some).map_err(|e| ApiError::bad_request(format!("invalid JSON body: {e}")))
 }

@@ -8,6 +8,7 @@ mod body;
 mod error;
 mod routes;
 mod secret;
+mod sessions;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -56,6 +57,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/automations/{id}/decisions", post(routes::decide))
         .route("/v1/automations/{id}/cancel", post(routes::cancel))
         .route("/v1/approvals", get(routes::approvals))
+        .route("/v1/sessions", post(sessions::start))
+        .route("/v1/sessions/{id}", get(sessions::get).delete(sessions::destroy))
+        .route("/v1/sessions/{id}/commands", post(sessions::command))
+        .route("/v1/sessions/{id}/cancel", post(sessions::cancel))
+        .route("/v1/sessions/{id}/events", get(sessions::events))
         .fallback(routes::fallback)
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(body::MAX_BODY_BYTES))

@@ -14,7 +14,8 @@ use super::auth::{Caller, Role};
 use super::body::ApiJson;
 use super::error::ApiError;
 use crate::automation::{Decision, DecisionBatch};
-use resumable_workflow::RunId;
+use resumable_workflow::{RunId, StreamReader};
+use tokio::sync::watch;
 
 /// The largest script accepted.
 pub const MAX_SOURCE_BYTES: usize = 256 * 1024;
@@ -45,12 +46,17 @@ pub struct DecisionsRequest {
 #[serde(deny_unknown_fields)]
 pub struct EventsQuery {
     #[serde(default)]
-    from: u64,
+    pub(super) from: u64,
+}
+
+/// `id` as a run id, when it has the shape of one.
+pub(super) fn run_id(id: &str) -> Option<RunId> {
+    let valid = id.len() <= 64 && id.starts_with("run_") && id[4..].bytes().all(|b| b.is_ascii_hexdigit());
+    valid.then(|| RunId::from(id))
 }
 
 fn automation_id(id: &str) -> Result<RunId, ApiError> {
-    let valid = id.len() <= 64 && id.starts_with("run_") && id[4..].bytes().all(|b| b.is_ascii_hexdigit());
-    if valid { Ok(RunId::from(id)) } else { Err(ApiError::not_found("no such automation")) }
+    run_id(id).ok_or_else(|| ApiError::not_found("no such automation"))
 }
 
 /// Submits a script; 202 with its id.
@@ -90,7 +96,13 @@ pub async fn events(
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(format!("invalid query: {}", e.body_text())))?;
     let reader = state.automations.events(&caller.tenant, &automation_id(&id)?, query.from).await?;
-    let lines = stream::unfold((reader, state.shutting_down), |(mut reader, mut stop)| async move {
+    Ok(ndjson_events(reader, state.shutting_down))
+}
+
+/// A stream's events as an NDJSON response (`{"index", "event"}` per line), live until the run
+/// ends or the server shuts down. A client that disconnects only drops its reader.
+pub(super) fn ndjson_events(reader: StreamReader, shutting_down: watch::Receiver<bool>) -> Response {
+    let lines = stream::unfold((reader, shutting_down), |(mut reader, mut stop)| async move {
         let next = tokio::select! {
             next = reader.next() => next?,
             // A dropped sender (no graceful shutdown) disables this branch.
@@ -108,7 +120,7 @@ pub async fn events(
             }
         }
     });
-    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(lines)).into_response())
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(lines)).into_response()
 }
 
 /// The caller's tenant's pending approvals, oldest first.

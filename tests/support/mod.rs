@@ -553,3 +553,47 @@ impl Db {
         cents
     }
 }
+
+/// Where a test's server keeps its data.
+#[derive(Clone, Copy, Debug)]
+pub enum Backend {
+    /// A SQLite file in the test's directory.
+    Sqlite,
+    /// A fresh schema on the PostgreSQL test server.
+    Postgres,
+}
+
+impl TempDir {
+    /// A fresh directory whose database is on `backend`; `None` on PostgreSQL when no test server
+    /// is configured.
+    pub fn on(backend: Backend, name: &str) -> Option<TempDir> {
+        match backend {
+            Backend::Sqlite => Some(TempDir::new(name)),
+            Backend::Postgres => TempDir::postgres(name),
+        }
+    }
+}
+
+/// Declares a scenario as a module of two tests: `sqlite`, and `postgres`, which passes without
+/// doing anything when no PostgreSQL test server is configured (`RESUMABLE_TEST_PG_URL`).
+macro_rules! on_both_backends {
+    ($(#[$attr:meta])* async fn $name:ident($backend:ident) $body:block) => {
+        mod $name {
+            use super::*;
+
+            async fn scenario($backend: Backend) $body
+
+            $(#[$attr])*
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn sqlite() {
+                scenario(Backend::Sqlite).await
+            }
+
+            $(#[$attr])*
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn postgres() {
+                scenario(Backend::Postgres).await
+            }
+        }
+    };
+}

@@ -1,0 +1,16 @@
+-- The durable key-value state of sessions (session.get / session.set / session.delete).
+CREATE TABLE session_state (
+    session_id TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    value      TEXT NOT NULL,
+    bytes      INTEGER NOT NULL CHECK (bytes >= 0),
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (session_id, key)
+);
+
+-- Sessions whose end was requested: commands queued before the request are skipped.
+CREATE TABLE session_ends (
+    session_id   TEXT PRIMARY KEY NOT NULL,
+    requested_by TEXT NOT NULL,
+    requested_at INTEGER NOT NULL
+);

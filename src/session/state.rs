@@ -1,0 +1,162 @@
+//! The durable key–value state that the commands of a session share, and the `session.*` host
+//! functions through which scripts reach it.
+
+use std::sync::Arc;
+
+use resumable_host::{HostError, HostFunctionsBuilder};
+use serde_json::{Value, json};
+
+use crate::db::{AppDb, DbError, Param, now_ms};
+
+/// The most bytes of a key.
+pub const MAX_KEY_BYTES: usize = 256;
+/// The most bytes of one value (as JSON text).
+pub const MAX_VALUE_BYTES: usize = 64 * 1024;
+/// The most bytes of all values of one session (as JSON text).
+pub const MAX_STATE_BYTES: usize = 1024 * 1024;
+/// The most keys of one session.
+pub const MAX_KEYS: usize = 1024;
+
+/// The code a script sees (as `error.details.code`) when a write would exceed a state limit.
+pub const STATE_LIMIT_CODE: &str = "SESSION_STATE_LIMIT";
+
+const GET: &str = "SELECT value FROM session_state WHERE session_id = $1 AND key = $2";
+const KEYS: &str = "SELECT key FROM session_state WHERE session_id = $1 ORDER BY key";
+const DELETE: &str = "DELETE FROM session_state WHERE session_id = $1 AND key = $2";
+const CLEAR: &str = "DELETE FROM session_state WHERE session_id = $1";
+/// Writes the key only while the session stays within its limits (0 rows otherwise).
+const SET: &str = "INSERT INTO session_state (session_id, key, value, bytes, updated_at)
+    SELECT $1, $2, $3, $4, $5
+    WHERE (SELECT COALESCE(SUM(bytes), 0) FROM session_state WHERE session_id = $1 AND key <> $2) + $4 <= $6
+      AND (SELECT COUNT(*) FROM session_state WHERE session_id = $1 AND key <> $2) < $7
+    ON CONFLICT (session_id, key) DO UPDATE
+    SET value = excluded.value, bytes = excluded.bytes, updated_at = excluded.updated_at";
+const REQUEST_END: &str = "INSERT INTO session_ends (session_id, requested_by, requested_at) VALUES ($1, $2, $3)
+    ON CONFLICT (session_id) DO NOTHING";
+const END_REQUESTED: &str = "SELECT requested_by FROM session_ends WHERE session_id = $1";
+
+/// The sessions' state in the application database.
+#[derive(Clone, Debug)]
+pub struct SessionState {
+    db: AppDb,
+}
+
+impl SessionState {
+    /// The state kept in `db`.
+    pub fn new(db: AppDb) -> SessionState {
+        SessionState { db }
+    }
+
+    /// The value of `key` in `session`, if set.
+    pub async fn get(&self, session: &str, key: &str) -> Result<Option<Value>, DbError> {
+        let row = self.db.fetch_optional(GET, vec![session.into(), key.into()]).await?;
+        match row {
+            Some(row) => {
+                let text: String = row.get("value")?;
+                serde_json::from_str(&text).map(Some).map_err(|e| DbError(format!("session state {key:?}: {e}")))
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// Sets `key` of `session` to `value`; `Ok(false)` when that would exceed [`MAX_STATE_BYTES`]
+    /// or [`MAX_KEYS`] (nothing is written then).
+    pub async fn set(&self, session: &str, key: &str, value: &Value) -> Result<bool, DbError> {
+        let text = value.to_string();
+        let bytes = i64::try_from(text.len()).unwrap_or(i64::MAX);
+        let params: Vec<Param> = vec![
+            session.into(),
+            key.into(),
+            text.into(),
+            bytes.into(),
+            now_ms().into(),
+            (MAX_STATE_BYTES as i64).into(),
+            (MAX_KEYS as i64).into(),
+        ];
+        Ok(self.db.execute(SET, params).await? == 1)
+    }
+
+    /// Removes `key` of `session`; whether it was set.
+    pub async fn delete(&self, session: &str, key: &str) -> Result<bool, DbError> {
+        Ok(self.db.execute(DELETE, vec![session.into(), key.into()]).await? > 0)
+    }
+
+    /// The keys of `session`, sorted.
+    pub async fn keys(&self, session: &str) -> Result<Vec<String>, DbError> {
+        let rows = self.db.fetch_all(KEYS, vec![session.into()]).await?;
+        rows.iter().map(|row| row.get("key")).collect()
+    }
+
+    /// Removes all of `session`'s state.
+    pub async fn clear(&self, session: &str) -> Result<u64, DbError> {
+        self.db.execute(CLEAR, vec![session.into()]).await
+    }
+
+    /// Records that `actor` asked to end `session` (the first request is kept).
+    pub async fn request_end(&self, session: &str, actor: &str) -> Result<(), DbError> {
+        self.db.execute(REQUEST_END, vec![session.into(), actor.into(), now_ms().into()]).await?;
+        Ok(())
+    }
+
+    /// Who asked to end `session`, if anyone did.
+    pub async fn end_requested_by(&self, session: &str) -> Result<Option<String>, DbError> {
+        let row = self.db.fetch_optional(END_REQUESTED, vec![session.into()]).await?;
+        row.map(|row| row.get("requested_by")).transpose()
+    }
+
+    /// Adds `session.get(key)`, `session.set(key, value)`, `session.delete(key)` and
+    /// `session.keys()` on `session`'s state to `builder`.
+    pub fn register(&self, builder: HostFunctionsBuilder, session: &str) -> HostFunctionsBuilder {
+        let scoped = Arc::new((self.clone(), session.to_owned()));
+        let (get, set, delete, keys) = (scoped.clone(), scoped.clone(), scoped.clone(), scoped);
+        builder
+            .typed("session.get", ["key"], move |_, (key,): (String,)| {
+                let scoped = Arc::clone(&get);
+                async move {
+                    check_key(&key)?;
+                    let value = scoped.0.get(&scoped.1, &key).await.map_err(HostError::internal)?;
+                    Ok(value.unwrap_or(Value::Null))
+                }
+            })
+            .typed("session.set", ["key", "value"], move |_, (key, value): (String, Value)| {
+                let scoped = Arc::clone(&set);
+                async move {
+                    check_key(&key)?;
+                    let bytes = value.to_string().len();
+                    if bytes > MAX_VALUE_BYTES {
+                        return Err(limit_error(format!(
+                            "session.set: the value of {key:?} has {bytes} bytes as JSON, more than {MAX_VALUE_BYTES}"
+                        )));
+                    }
+                    if !scoped.0.set(&scoped.1, &key, &value).await.map_err(HostError::internal)? {
+                        return Err(limit_error(format!(
+                            "session.set: the session's state would exceed {MAX_STATE_BYTES} bytes or {MAX_KEYS} keys"
+                        )));
+                    }
+                    Ok(Value::Null)
+                }
+            })
+            .typed("session.delete", ["key"], move |_, (key,): (String,)| {
+                let scoped = Arc::clone(&delete);
+                async move {
+                    check_key(&key)?;
+                    Ok(Value::Bool(scoped.0.delete(&scoped.1, &key).await.map_err(HostError::internal)?))
+                }
+            })
+            .function("session.keys", move |_, _| {
+                let scoped = Arc::clone(&keys);
+                async move { Ok(json!(scoped.0.keys(&scoped.1).await.map_err(HostError::internal)?)) }
+            })
+    }
+}
+
+fn check_key(key: &str) -> Result<(), HostError> {
+    if key.is_empty() || key.len() > MAX_KEY_BYTES {
+        return Err(HostError::new(format!("session: a key must have 1 to {MAX_KEY_BYTES} bytes")));
+    }
+    Ok(())
+}
+
+fn limit_error(message: String) -> HostError {
+    HostError::new(message).with_details(json!({ "code": STATE_LIMIT_CODE }))
+}

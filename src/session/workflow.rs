@@ -1,0 +1,200 @@
+//! The session workflow: between commands it waits on its hook raced against the idle timer
+//! (holding no memory), records `hibernated` when the timer wins, and runs each command it
+//! receives as a child automation, in order.
+
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use resumable_workflow::{Engine, RunId, StepError, WorkflowContext, WorkflowError};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+
+use super::state::SessionState;
+use crate::automation::{AutomationInput, HookTokens, WORKFLOW as AUTOMATION_WORKFLOW};
+
+/// The name the session workflow is registered under.
+pub const WORKFLOW: &str = "resumable.session";
+
+/// The most console lines of one command copied into the session's `command_output` event.
+const MAX_OUTPUT_EVENTS: u32 = 10_000;
+
+/// What a session is started with (the workflow's input).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SessionInput {
+    /// The tenant whose data the commands act on.
+    pub tenant: String,
+    /// Who started it.
+    pub created_by: String,
+    /// How long the session waits for a command before it records `hibernated`.
+    pub idle_ms: u64,
+    /// The time cap of each command's run.
+    pub command_timeout_ms: u64,
+    /// The policy version the commands run under.
+    pub policy_version: String,
+}
+
+/// What the session's hook receives.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum SessionMessage {
+    /// Run a script.
+    Command {
+        /// The script: a function body.
+        source: String,
+        /// Who queued it.
+        submitted_by: String,
+    },
+    /// End the session.
+    Destroy {
+        /// Who ended it.
+        by: String,
+    },
+}
+
+/// What the session workflow needs.
+pub(crate) struct Deps {
+    pub(crate) state: SessionState,
+    pub(crate) tokens: HookTokens,
+    /// Set once the engine that runs the workflow is built (it reads the commands' events).
+    pub(crate) engine: Arc<OnceLock<Engine>>,
+}
+
+/// The session workflow.
+pub(crate) async fn run_session(deps: Arc<Deps>, ctx: WorkflowContext, input: Value) -> Result<Value, WorkflowError> {
+    let input: SessionInput = serde_json::from_value(input)?;
+    let id = ctx.run_id().to_string();
+    ctx.emit(&json!({
+        "type": "created",
+        "session": id,
+        "tenant": input.tenant,
+        "createdBy": input.created_by,
+        "idleMs": input.idle_ms,
+        "commandTimeoutMs": input.command_timeout_ms,
+    }))
+    .await?;
+    ctx.emit(&status("active")).await?;
+    let hook = ctx.hook(&deps.tokens.for_session(&id), json!({ "tenant": input.tenant, "session": id })).await?;
+    let idle = Duration::from_millis(input.idle_ms);
+    let (mut hibernated, mut command) = (false, 0u64);
+    loop {
+        let message = if hibernated { Some(hook.next().await?) } else { hook.next_within(idle).await? };
+        let Some(message) = message else {
+            ctx.emit(&status("hibernated")).await?;
+            hibernated = true;
+            continue;
+        };
+        if hibernated {
+            ctx.emit(&status("resuming")).await?;
+            ctx.emit(&status("active")).await?;
+            hibernated = false;
+        }
+        // The server validates messages before delivering them; anything else is skipped.
+        match serde_json::from_value::<SessionMessage>(message) {
+            Ok(SessionMessage::Command { source, submitted_by }) => {
+                command += 1;
+                run_command(&deps, &ctx, &input, command, source, submitted_by).await?;
+            }
+            Ok(SessionMessage::Destroy { by }) => {
+                let (state, session) = (deps.state.clone(), id.clone());
+                ctx.step("clear_state", move |_| async move {
+                    state.clear(&session).await.map_err(|e| StepError::retryable(e.to_string()))
+                })
+                .await?;
+                ctx.emit(&json!({ "type": "status", "status": "destroyed", "by": by })).await?;
+                return Ok(json!({ "commands": command }));
+            }
+            Err(_) => continue,
+        }
+    }
+}
+
+fn status(status: &str) -> Value {
+    json!({ "type": "status", "status": status })
+}
+
+/// Runs command `command` as a child automation and records how it ended.
+async fn run_command(
+    deps: &Arc<Deps>,
+    ctx: &WorkflowContext,
+    input: &SessionInput,
+    command: u64,
+    source: String,
+    submitted_by: String,
+) -> Result<(), WorkflowError> {
+    let session = ctx.run_id().to_string();
+    let (state, id) = (deps.state.clone(), session.clone());
+    let ended_by: Option<String> = ctx
+        .step("end_requested", move |_| async move {
+            state.end_requested_by(&id).await.map_err(|e| StepError::retryable(e.to_string()))
+        })
+        .await?;
+    if ended_by.is_some() {
+        ctx.emit(&json!({ "type": "command_end", "command": command, "status": "skipped" })).await?;
+        return Ok(());
+    }
+    let child_input = AutomationInput {
+        tenant: input.tenant.clone(),
+        source,
+        context: Value::Null,
+        policy_version: input.policy_version.clone(),
+        submitted_by: submitted_by.clone(),
+        session: Some(session),
+        timeout_ms: Some(input.command_timeout_ms),
+    };
+    let child = ctx.start_child(AUTOMATION_WORKFLOW, serde_json::to_value(&child_input)?).await?;
+    let automation = child.run_id().clone();
+    ctx.emit(&json!({
+        "type": "command_start",
+        "command": command,
+        "automation": automation,
+        "submittedBy": submitted_by,
+    }))
+    .await?;
+    let result = child.result().await;
+    let console = command_console(deps, ctx, &automation).await?;
+    if !console.is_empty() {
+        ctx.emit(&json!({ "type": "command_output", "command": command, "console": console })).await?;
+    }
+    let end = match result {
+        Ok(output) => json!({ "status": "completed", "value": output["value"] }),
+        Err(WorkflowError::ChildFailed { status, error, .. }) if status == "cancelled" => {
+            let message = if error.is_empty() { "the command was cancelled".to_owned() } else { error };
+            json!({ "status": "cancelled", "error": { "code": "RUN_ABORTED", "message": message } })
+        }
+        Err(WorkflowError::ChildFailed { error, .. }) => {
+            let (code, message) = error.split_once(": ").unwrap_or(("RUN_ERROR", error.as_str()));
+            json!({ "status": "failed", "error": { "code": code, "message": message } })
+        }
+        Err(other) => return Err(other),
+    };
+    let mut event = json!({ "type": "command_end", "command": command, "automation": automation });
+    if let (Some(event), Value::Object(end)) = (event.as_object_mut(), end) {
+        event.extend(end);
+    }
+    ctx.emit(&event).await?;
+    Ok(())
+}
+
+/// The console lines of every round of the command's automation, read once and recorded.
+async fn command_console(
+    deps: &Arc<Deps>,
+    ctx: &WorkflowContext,
+    automation: &RunId,
+) -> Result<Vec<Value>, WorkflowError> {
+    let (engine, automation) = (Arc::clone(&deps.engine), automation.clone());
+    ctx.step("command_console", move |_| async move {
+        let engine = engine.get().ok_or_else(|| StepError::retryable("the engine is starting"))?;
+        let events = engine
+            .store()
+            .read_stream(&automation, 0, MAX_OUTPUT_EVENTS)
+            .await
+            .map_err(|e| StepError::retryable(e.to_string()))?;
+        let lines = events.into_iter().filter_map(|(_, mut event)| match event.get_mut("console").map(Value::take) {
+            Some(Value::Array(lines)) => Some(lines),
+            _ => None,
+        });
+        Ok(lines.flatten().collect::<Vec<Value>>())
+    })
+    .await
+}
