@@ -254,3 +254,18 @@ on_both_backends! {
         assert_eq!(end["value"]["keys"], 17, "{end}");
     }
 }
+
+on_both_backends! {
+    async fn each_command_has_its_own_time_cap_and_the_session_goes_on(backend) {
+        let Some(dir) = TempDir::on(backend, "session-timeout") else { return };
+        let server = Server::start(&dir, &[]);
+        let client = server.client(Some("demo-acme"));
+        let id = start_session(&client, &json!({ "commandTimeoutMs": 300 })).await;
+        let endless = command(&client, &id, "await session.set('before', true); for (;;) {}").await;
+        let quick = command(&client, &id, "return await session.get('before');").await;
+        let end = command_end(&client, &id, endless).await;
+        assert_eq!(end["status"], "failed", "{end}");
+        assert_eq!(end["error"]["code"], "RUN_TIMEOUT", "{end}");
+        assert_eq!(command_end(&client, &id, quick).await["value"], true);
+    }
+}
