@@ -30,6 +30,8 @@ use crate::automation::HookTokens;
 
 /// The events read per page when a session's history is summarized.
 const PAGE: u32 = 1_000;
+/// The most commands one session takes.
+pub const MAX_COMMANDS: u64 = 10_000;
 /// How long a command waits for a new session's first execution to create its hook.
 const HOOK_WAIT: Duration = Duration::from_secs(10);
 
@@ -177,8 +179,16 @@ impl Sessions {
     }
 
     /// Queues `source` as the session's next command; returns its number (1 for the first).
+    /// A session takes at most [`MAX_COMMANDS`]: every wake-up replays its history, so a longer
+    /// one belongs in a new session.
     pub async fn command(&self, tenant: &str, id: &RunId, source: &str, actor: &str) -> Result<u64, SessionError> {
         self.live(tenant, id).await?;
+        let received = self.engine.get_hook(&self.tokens.for_session(id.as_str())).await?.map_or(0, |h| h.received);
+        if received >= MAX_COMMANDS {
+            return Err(SessionError::Invalid(format!(
+                "a session takes at most {MAX_COMMANDS} commands; start a new session"
+            )));
+        }
         let message = SessionMessage::Command { source: source.to_owned(), submitted_by: actor.to_owned() };
         self.deliver(id, &message).await.map(|index| index + 1)
     }
