@@ -45,7 +45,10 @@ use crate::run::{RunCursor, RunFilter, RunInfo, RunPage, RunStatus};
 use crate::time::{Millis, duration_ms, from_ms, now_ms, to_ms};
 
 /// The embedded migrations, applied in order at open: (version, name, SQL).
-const MIGRATIONS: &[(i64, &str, &str)] = &[(1, "init", include_str!("../../migrations/postgres/0001_init.sql"))];
+const MIGRATIONS: &[(i64, &str, &str)] = &[
+    (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
+    (2, "step_functions", include_str!("../../migrations/postgres/0002_step_functions.sql")),
+];
 
 /// The advisory lock that serializes migrations of all stores opening one database.
 const MIGRATION_LOCK: i64 = 0x7265_7375_6d61_626c;
@@ -409,6 +412,19 @@ async fn check_fence(conn: &mut PgConnection, fence: &Fence) -> Tx<()> {
     }
 }
 
+/// The failure of a server-side function that checks the fence: its SQLSTATEs `RS001` (lease
+/// lost) and `RS002` (a history that does not allow the change) become store errors.
+fn fenced(e: sqlx::Error, fence: &Fence) -> Failure {
+    if let sqlx::Error::Database(d) = &e {
+        match d.code().as_deref() {
+            Some("RS001") => return StoreError::LeaseLost { run_id: fence.run_id.clone() }.into(),
+            Some("RS002") => return StoreError::Corrupt(d.message().to_owned()).into(),
+            _ => {}
+        }
+    }
+    e.into()
+}
+
 /// How strongly [`lock_run`] locks a run's row.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Lock {
@@ -709,41 +725,20 @@ impl PgStore {
     }
 
     async fn start_step_tx(&self, fence: &Fence, position: u32, name: &str) -> Tx<u32> {
-        let now = now_ms();
-        let mut tx = self.begin().await?;
-        // A step's start only counts attempts: its commit need not wait for the WAL flush, and the
-        // step's durable end (WAL is written in order) flushes it anyway.
-        sqlx::query("SET LOCAL synchronous_commit = off").execute(&mut *tx).await?;
-        check_fence(&mut tx, fence).await?;
-        let attempts: Option<i64> = sqlx::query_scalar(
-            "INSERT INTO steps (run_id, position, name, status, attempts, created_at, updated_at)
-             VALUES ($1, $2, $3, 'running', 1, $4, $4)
-             ON CONFLICT (run_id, position) DO UPDATE
-                 SET attempts = steps.attempts + 1, status = 'running', retry_at = NULL,
-                     updated_at = excluded.updated_at
-                 WHERE steps.status IN ('running', 'retrying') AND steps.name = excluded.name
-             RETURNING attempts",
-        )
-        .bind(fence.run_id.as_str())
-        .bind(i64::from(position))
-        .bind(name)
-        .bind(now)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(attempt) = attempts.map(count_of) else {
-            let e = StoreError::Corrupt(format!("step at position {position} cannot start another attempt"));
-            return Err(e.into());
-        };
-        let payload = json!({ "position": position, "name": name, "attempt": attempt });
-        append(&mut tx, &fence.run_id, EventKind::StepStarted, payload, now).await?;
-        tx.commit().await?;
-        Ok(attempt)
+        let attempt: i64 = sqlx::query_scalar("SELECT resumable_start_step($1, $2, $3, $4, $5, $6)")
+            .bind(fence.run_id.as_str())
+            .bind(i64::from(fence.attempt))
+            .bind(i64::from(position))
+            .bind(name)
+            .bind(EventKind::StepStarted.as_str())
+            .bind(now_ms())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| fenced(e, fence))?;
+        Ok(count_of(attempt))
     }
 
     async fn update_step_tx(&self, fence: &Fence, position: u32, update: &StepUpdate) -> Tx<()> {
-        let now = now_ms();
-        let mut tx = self.begin().await?;
-        check_fence(&mut tx, fence).await?;
         let (status, attempt, result, error, retry_at, kind, payload) = match update {
             StepUpdate::Completed { attempt, result } => {
                 let payload = json!({ "position": position, "attempt": attempt, "result": result });
@@ -760,26 +755,21 @@ impl PgStore {
                 ("retrying", *attempt, None, Some(error), Some(*retry_at), EventKind::StepRetrying, payload)
             }
         };
-        let done = sqlx::query(
-            "UPDATE steps SET status = $1, result = $2::jsonb, error = $3, retry_at = $4, updated_at = $5
-             WHERE run_id = $6 AND position = $7 AND attempts = $8 AND status = 'running'",
-        )
-        .bind(status)
-        .bind(result)
-        .bind(error.as_deref())
-        .bind(retry_at)
-        .bind(now)
-        .bind(fence.run_id.as_str())
-        .bind(i64::from(position))
-        .bind(i64::from(attempt))
-        .execute(&mut *tx)
-        .await?;
-        if done.rows_affected() != 1 {
-            let e = StoreError::Corrupt(format!("step at position {position} is not running attempt {attempt}"));
-            return Err(e.into());
-        }
-        append(&mut tx, &fence.run_id, kind, payload, now).await?;
-        tx.commit().await?;
+        sqlx::query("SELECT resumable_update_step($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10::jsonb, $11)")
+            .bind(fence.run_id.as_str())
+            .bind(i64::from(fence.attempt))
+            .bind(i64::from(position))
+            .bind(i64::from(attempt))
+            .bind(status)
+            .bind(result)
+            .bind(error.as_deref())
+            .bind(retry_at)
+            .bind(kind.as_str())
+            .bind(to_json(&payload))
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| fenced(e, fence))?;
         Ok(())
     }
 
