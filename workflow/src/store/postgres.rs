@@ -48,6 +48,7 @@ use crate::time::{Millis, duration_ms, from_ms, now_ms, to_ms};
 const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
     (2, "step_functions", include_str!("../../migrations/postgres/0002_step_functions.sql")),
+    (3, "more_functions", include_str!("../../migrations/postgres/0003_more_functions.sql")),
 ];
 
 /// The advisory lock that serializes migrations of all stores opening one database.
@@ -425,23 +426,12 @@ fn fenced(e: sqlx::Error, fence: &Fence) -> Failure {
     e.into()
 }
 
-/// How strongly [`lock_run`] locks a run's row.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Lock {
-    /// `FOR NO KEY UPDATE`: excludes other writers of the run, not inserts of its children.
-    Write,
-    /// `FOR UPDATE`: also makes the insert of a child of the run wait (its foreign key check),
-    /// so that a cancellation sees every child.
-    Exclusive,
-}
-
-/// Locks a run's row until the transaction ends and returns its status, if it exists.
-async fn lock_run(conn: &mut PgConnection, id: &str, lock: Lock) -> Tx<Option<RunStatus>> {
-    let sql = match lock {
-        Lock::Write => "SELECT status FROM runs WHERE id = $1 FOR NO KEY UPDATE",
-        Lock::Exclusive => "SELECT status FROM runs WHERE id = $1 FOR UPDATE",
-    };
-    let status: Option<String> = sqlx::query_scalar(sql).bind(id).fetch_optional(conn).await?;
+/// Locks a run's row `FOR UPDATE` until the transaction ends (which also makes the insert of a
+/// child of the run wait for its foreign key check, so that a cancellation sees every child) and
+/// returns its status, if it exists.
+async fn lock_run(conn: &mut PgConnection, id: &str) -> Tx<Option<RunStatus>> {
+    let status: Option<String> =
+        sqlx::query_scalar("SELECT status FROM runs WHERE id = $1 FOR UPDATE").bind(id).fetch_optional(conn).await?;
     Ok(status.map(|s| RunStatus::from_str(&s).map_err(StoreError::Corrupt)).transpose()?)
 }
 
@@ -869,44 +859,33 @@ impl PgStore {
     }
 
     async fn record_step_tx(&self, fence: &Fence, position: u32, name: &str, result: &Value) -> Tx<()> {
-        let now = now_ms();
-        let mut tx = self.begin().await?;
-        check_fence(&mut tx, fence).await?;
-        sqlx::query(
-            "INSERT INTO steps (run_id, position, name, status, attempts, result, created_at, updated_at)
-             VALUES ($1, $2, $3, 'completed', 1, $4::jsonb, $5, $5)",
-        )
-        .bind(fence.run_id.as_str())
-        .bind(i64::from(position))
-        .bind(name)
-        .bind(to_json(result))
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
         let payload = json!({ "position": position, "name": name, "attempt": 1, "result": result });
-        append(&mut tx, &fence.run_id, EventKind::StepCompleted, payload, now).await?;
-        tx.commit().await?;
+        sqlx::query("SELECT resumable_record_step($1, $2, $3, $4, $5::jsonb, $6, $7::jsonb, $8)")
+            .bind(fence.run_id.as_str())
+            .bind(i64::from(fence.attempt))
+            .bind(i64::from(position))
+            .bind(name)
+            .bind(to_json(result))
+            .bind(EventKind::StepCompleted.as_str())
+            .bind(to_json(&payload))
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| fenced(e, fence))?;
         Ok(())
     }
 
     async fn suspend_run_tx(&self, fence: &Fence, wake_at: Option<Millis>) -> Tx<RunStatus> {
-        let now = now_ms();
-        let mut tx = self.begin().await?;
-        check_fence(&mut tx, fence).await?;
-        // A payload that arrived during the execution makes the run runnable again at once.
-        let status: String = sqlx::query_scalar(
-            "UPDATE runs SET status = CASE WHEN wake_requested THEN 'pending' ELSE 'waiting' END,
-                 wake_at = $1, wake_requested = FALSE, lease_owner = NULL, lease_expires_at = NULL
-             WHERE id = $2 RETURNING status",
-        )
-        .bind(wake_at)
-        .bind(fence.run_id.as_str())
-        .fetch_one(&mut *tx)
-        .await?;
-        let payload = json!({ "wake_at": wake_at, "status": status });
-        append(&mut tx, &fence.run_id, EventKind::RunSuspended, payload, now).await?;
-        self.notify(&mut tx).await?;
-        tx.commit().await?;
+        let status: String = sqlx::query_scalar("SELECT resumable_suspend_run($1, $2, $3, $4, $5, $6)")
+            .bind(fence.run_id.as_str())
+            .bind(i64::from(fence.attempt))
+            .bind(wake_at)
+            .bind(EventKind::RunSuspended.as_str())
+            .bind(self.channel.as_deref())
+            .bind(now_ms())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| fenced(e, fence))?;
         Ok(RunStatus::from_str(&status).map_err(StoreError::Corrupt)?)
     }
 
@@ -951,7 +930,7 @@ impl PgStore {
         let now = now_ms();
         let mut tx = self.begin().await?;
         let parent = lock_parent(&mut tx, id).await?;
-        let Some(status) = lock_run(&mut tx, id.as_str(), Lock::Exclusive).await? else {
+        let Some(status) = lock_run(&mut tx, id.as_str()).await? else {
             return Err(StoreError::RunNotFound(id.clone()).into());
         };
         if status.is_terminal() {
@@ -976,7 +955,7 @@ impl PgStore {
         let cascade = format!("parent run {id} was cancelled");
         for child in descendants {
             // It may have ended since the query; the lock makes its status final for this transaction.
-            if lock_run(&mut tx, &child, Lock::Exclusive).await?.is_some_and(|s| !s.is_terminal()) {
+            if lock_run(&mut tx, &child).await?.is_some_and(|s| !s.is_terminal()) {
                 cancel_locked(&mut tx, &RunId::from(child), &cascade, now).await?;
             }
         }
@@ -989,70 +968,36 @@ impl PgStore {
     }
 
     async fn resume_hook_tx(&self, token: &str, payload: &Value) -> Tx<ResumeReceipt> {
-        let now = now_ms();
-        let mut tx = self.begin().await?;
-        let owner: Option<String> = sqlx::query_scalar("SELECT run_id FROM hooks WHERE token = $1 AND active")
+        let row = sqlx::query("SELECT o_run, o_index FROM resumable_resume_hook($1, $2::jsonb, $3, $4, $5)")
             .bind(token)
-            .fetch_optional(&mut *tx)
-            .await?;
-        let Some(owner) = owner else {
-            return Err(StoreError::HookNotFound(token.to_owned()).into());
-        };
-        // The run before its hook (the lock order of ending a run).
-        lock_run(&mut tx, &owner, Lock::Write).await?;
-        let row = sqlx::query(
-            "UPDATE hooks SET received = received + 1 WHERE token = $1 AND active AND run_id = $2
-             RETURNING position, received",
-        )
-        .bind(token)
-        .bind(&owner)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some(row) = row else {
-            // The hook was disposed before the lock was taken: its run ended, or another run owns
-            // the token now. Looking again decides.
-            return Err(Failure::Transient("hook changed owner".into()));
-        };
-        let run_id = RunId::from(owner);
-        let position = position_of(&row)?;
-        let index = get::<i64>(&row, "received")? - 1;
-        sqlx::query(
-            "INSERT INTO hook_payloads (run_id, position, seq, payload, received_at) VALUES ($1, $2, $3, $4::jsonb, $5)",
-        )
-        .bind(run_id.as_str())
-        .bind(i64::from(position))
-        .bind(index)
-        .bind(to_json(payload))
-        .bind(now)
-        .execute(&mut *tx)
-        .await?;
-        append(&mut tx, &run_id, EventKind::HookReceived, json!({ "position": position, "index": index }), now).await?;
-        wake_run(&mut tx, run_id.as_str(), now).await?;
-        self.notify(&mut tx).await?;
-        tx.commit().await?;
+            .bind(to_json(payload))
+            .bind(EventKind::HookReceived.as_str())
+            .bind(self.channel.as_deref())
+            .bind(now_ms())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| match &e {
+                sqlx::Error::Database(d) if d.code().as_deref() == Some("RS003") => {
+                    StoreError::HookNotFound(token.to_owned()).into()
+                }
+                _ => Failure::from(e),
+            })?;
+        let run_id = RunId::from(get::<String>(&row, "o_run")?);
+        let index: i64 = get(&row, "o_index")?;
         Ok(ResumeReceipt { run_id, index: index.unsigned_abs() })
     }
 
     async fn append_stream_tx(&self, fence: &Fence, position: u32, event: &Value) -> Tx<u64> {
-        let now = now_ms();
-        let mut tx = self.begin().await?;
-        check_fence(&mut tx, fence).await?;
-        // The run's row lock serializes appends of the run; the primary key (run_id, idx) and the
-        // unique (run_id, position) reject any duplicate.
-        let index: i64 = sqlx::query_scalar(
-            "INSERT INTO stream_events (run_id, idx, position, payload, created_at)
-             SELECT $1, COALESCE(MAX(idx) + 1, 0), $2, $3::jsonb, $4 FROM stream_events WHERE run_id = $1
-             RETURNING idx",
-        )
-        .bind(fence.run_id.as_str())
-        .bind(i64::from(position))
-        .bind(to_json(event))
-        .bind(now)
-        .fetch_one(&mut *tx)
-        .await?;
-        let payload = json!({ "position": position, "index": index });
-        append(&mut tx, &fence.run_id, EventKind::StreamEmitted, payload, now).await?;
-        tx.commit().await?;
+        let index: i64 = sqlx::query_scalar("SELECT resumable_append_stream($1, $2, $3, $4::jsonb, $5, $6)")
+            .bind(fence.run_id.as_str())
+            .bind(i64::from(fence.attempt))
+            .bind(i64::from(position))
+            .bind(to_json(event))
+            .bind(EventKind::StreamEmitted.as_str())
+            .bind(now_ms())
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| fenced(e, fence))?;
         Ok(index.unsigned_abs())
     }
 }
