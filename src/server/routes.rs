@@ -14,7 +14,8 @@ use super::auth::{Caller, Role};
 use super::body::ApiJson;
 use super::error::ApiError;
 use crate::automation::{Decision, DecisionBatch};
-use resumable_workflow::RunId;
+use resumable_workflow::{RunId, StreamReader};
+use tokio::sync::watch;
 
 /// The largest script accepted.
 pub const MAX_SOURCE_BYTES: usize = 256 * 1024;
@@ -48,7 +49,8 @@ pub struct EventsQuery {
     from: u64,
 }
 
-fn automation_id(id: &str) -> Result<RunId, ApiError> {
+/// The automation id in a path; anything that cannot be one is 404.
+pub(super) fn automation_id(id: &str) -> Result<RunId, ApiError> {
     let valid = id.len() <= 64 && id.starts_with("run_") && id[4..].bytes().all(|b| b.is_ascii_hexdigit());
     if valid { Ok(RunId::from(id)) } else { Err(ApiError::not_found("no such automation")) }
 }
@@ -90,7 +92,13 @@ pub async fn events(
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(format!("invalid query: {}", e.body_text())))?;
     let reader = state.automations.events(&caller.tenant, &automation_id(&id)?, query.from).await?;
-    let lines = stream::unfold((reader, state.shutting_down), |(mut reader, mut stop)| async move {
+    Ok(ndjson_events(reader, state.shutting_down))
+}
+
+/// A live NDJSON response of `reader`'s events (`{"index", "event"}` per line); it ends with the
+/// automation, or when the server starts shutting down (`stop` becomes `true`).
+pub(super) fn ndjson_events(reader: StreamReader, stop: watch::Receiver<bool>) -> Response {
+    let lines = stream::unfold((reader, stop), |(mut reader, mut stop)| async move {
         let next = tokio::select! {
             next = reader.next() => next?,
             // A dropped sender (no graceful shutdown) disables this branch.
@@ -108,7 +116,7 @@ pub async fn events(
             }
         }
     });
-    Ok(([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(lines)).into_response())
+    ([(header::CONTENT_TYPE, "application/x-ndjson")], Body::from_stream(lines)).into_response()
 }
 
 /// The caller's tenant's pending approvals, oldest first.
