@@ -46,14 +46,7 @@ impl Fixture {
     }
 
     fn on(dir: TempDir, keys: Option<&str>) -> Fixture {
-        let keys_file = dir.path().join("keys.json");
-        let mut extra = Vec::new();
-        if let Some(keys) = keys {
-            std::fs::write(&keys_file, keys).expect("the keys file is written");
-            extra = vec!["--keys".to_owned(), keys_file.display().to_string()];
-        }
-        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
-        let server = Server::start(&dir, &extra);
+        let server = Server::start_with_keys(&dir, keys);
         Fixture { acme: server.client(Some("demo-acme")), db: Db::of(&dir), server, dir }
     }
 

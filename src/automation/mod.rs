@@ -27,7 +27,7 @@ use serde_json::Value;
 
 pub use decision::{Decision, DecisionBatch, InvalidDecisions, MAX_REASON_CHARS};
 pub use token::HookTokens;
-pub use view::{AutomationError, AutomationView, PendingApproval};
+pub use view::{AutomationError, AutomationView, PendingApproval, RoundRecord};
 pub use workflow::{AutomationInput, HostProvider, PendingRequest, WORKFLOW};
 
 use crate::continuations::SqlContinuationStore;
@@ -205,7 +205,7 @@ impl Automations {
             }
             _ => None,
         };
-        Ok(AutomationView::new(run, input, log.rounds().0, pending, log.result()))
+        Ok(AutomationView::new(run, input, pending, &log))
     }
 
     /// The automation run `id` and its input, when it belongs to `tenant`.

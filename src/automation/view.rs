@@ -7,7 +7,7 @@ use resumable_workflow::{Engine, EngineError, RunId, RunInfo, RunStatus};
 use serde::Serialize;
 use serde_json::{Value, json};
 
-use super::decision::InvalidDecisions;
+use super::decision::{DecisionBatch, InvalidDecisions};
 use super::workflow::{AutomationInput, PendingRequest};
 use crate::db::to_ms;
 
@@ -33,6 +33,19 @@ fn serialize_time<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S
     s.serialize_i64(to_ms(*t))
 }
 
+/// A round that asked for approval: what the script asked for and, once decided, the decisions.
+#[derive(Clone, Debug, PartialEq)]
+pub struct RoundRecord {
+    /// The round (1 for the first approval the script asked for).
+    pub round: u32,
+    /// What the script asked for.
+    pub requests: Vec<PendingRequest>,
+    /// What the script wrote to its console in this round (`{level, text}` per line).
+    pub console: Vec<Value>,
+    /// The decisions and who made them, once the round was decided.
+    pub decision: Option<DecisionBatch>,
+}
+
 /// One automation as its tenant sees it.
 #[derive(Clone, Debug, PartialEq)]
 pub struct AutomationView {
@@ -52,6 +65,10 @@ pub struct AutomationView {
     pub rounds: u32,
     /// The open approval, if one waits for a decision.
     pub pending: Option<PendingApproval>,
+    /// Every round that asked for approval, oldest first, with its decisions.
+    pub history: Vec<RoundRecord>,
+    /// What the script wrote to its console in its last round, once it ended.
+    pub console: Vec<Value>,
     /// When it was submitted, last changed and ended.
     pub created_at: SystemTime,
     /// When it last changed.
@@ -64,9 +81,8 @@ impl AutomationView {
     pub(crate) fn new(
         run: RunInfo,
         input: AutomationInput,
-        rounds: u32,
         pending: Option<PendingApproval>,
-        result: Option<Value>,
+        log: &EventLog,
     ) -> AutomationView {
         let error = match run.status {
             RunStatus::Failed => Some(error_json(run.error.as_deref().unwrap_or_default())),
@@ -78,10 +94,12 @@ impl AutomationView {
             tenant: input.tenant,
             submitted_by: input.submitted_by,
             status: run.status,
-            result: if run.status == RunStatus::Completed { result } else { None },
+            result: if run.status == RunStatus::Completed { log.result() } else { None },
             error,
-            rounds,
+            rounds: log.rounds().0,
             pending,
+            history: log.history(),
+            console: log.final_console(),
             created_at: run.created_at,
             updated_at: run.updated_at,
             completed_at: run.completed_at,
@@ -156,10 +174,51 @@ impl EventLog {
         Some((round, requests))
     }
 
+    /// Every round that asked for approval, with its decisions once made.
+    pub(crate) fn history(&self) -> Vec<RoundRecord> {
+        let mut rounds: Vec<RoundRecord> = Vec::new();
+        for event in &self.events {
+            let round = event["round"].as_u64().and_then(|r| u32::try_from(r).ok()).unwrap_or(0);
+            match event["type"].as_str() {
+                Some("approval_requested") => rounds.push(RoundRecord {
+                    round,
+                    requests: serde_json::from_value(event["pending"].clone()).unwrap_or_default(),
+                    console: console_of(event),
+                    decision: None,
+                }),
+                Some("decided") => {
+                    let batch = DecisionBatch {
+                        decisions: serde_json::from_value(event["decisions"].clone()).unwrap_or_default(),
+                        actor: event["actor"].as_str().unwrap_or_default().to_owned(),
+                    };
+                    if let Some(record) = rounds.iter_mut().rev().find(|r| r.round == round) {
+                        record.decision = Some(batch);
+                    }
+                }
+                _ => {}
+            }
+        }
+        rounds
+    }
+
+    /// The console of the `completed` or `failed` event, if the automation ended with one.
+    pub(crate) fn final_console(&self) -> Vec<Value> {
+        self.events
+            .iter()
+            .rev()
+            .find(|e| e["type"] == "completed" || e["type"] == "failed")
+            .map(console_of)
+            .unwrap_or_default()
+    }
+
     /// The value of the `completed` event, if any.
     pub(crate) fn result(&self) -> Option<Value> {
         self.of_type("completed").last().map(|e| e["value"].clone())
     }
+}
+
+fn console_of(event: &Value) -> Vec<Value> {
+    event["console"].as_array().cloned().unwrap_or_default()
 }
 
 /// An error of the automation service. Each maps to one HTTP status.

@@ -19,7 +19,9 @@ With --demo the server also seeds demo orders for tenants acme and globex and ac
 demo-acme (submitter and approver in acme) and demo-globex (approver in globex).
 
 The secret that hook tokens derive from is read from --secret-file (default: resumable.secret),
-or generated there with mode 0600 on first start. SIGTERM or Ctrl-C stops the server gracefully.";
+or generated there with mode 0600 on first start. SIGTERM or Ctrl-C stops the server gracefully.
+
+The approval inbox is at http://ADDR/: sign in with an API key to see and decide pending approvals.";
 
 /// Arguments of `resumable serve`.
 #[derive(Debug, Args)]
@@ -48,6 +50,11 @@ pub struct ServeArgs {
     /// Concurrent automation executions.
     #[arg(long, value_name = "N", default_value_t = 8)]
     workers: usize,
+
+    /// Mark the inbox's session cookie Secure (browsers reach the server over HTTPS, e.g. through a
+    /// TLS proxy); leave off for plain http://localhost.
+    #[arg(long)]
+    secure_cookies: bool,
 }
 
 /// Arguments of `resumable migrate`.
@@ -90,6 +97,7 @@ pub fn execute_serve(args: ServeArgs) -> ExitCode {
         secret_file: args.secret_file,
         workers: args.workers.max(1),
         runner: RunnerConfig::new().processes(processes),
+        secure_cookies: args.secure_cookies,
     };
     let rt = match runtime() {
         Ok(rt) => rt,

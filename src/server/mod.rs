@@ -1,11 +1,13 @@
 //! The HTTP approval service: submit scripts, list and decide approvals, follow events.
 //!
-//! All endpoints are under `/v1` and speak JSON; callers authenticate with bearer API keys that
-//! map to an actor with a tenant and roles. See the README for the endpoints and status codes.
+//! The API is under `/v1` and speaks JSON; callers authenticate with bearer API keys that map to
+//! an actor with a tenant and roles. See the README for the endpoints and status codes. Next to it,
+//! [`inbox`] serves HTML pages at `/` where people sign in with their key and decide approvals.
 
 mod auth;
 mod body;
 mod error;
+pub mod inbox;
 mod routes;
 mod secret;
 mod sessions;
@@ -22,6 +24,7 @@ use tokio::sync::watch;
 
 pub use auth::{ApiKeyConfig, ApiKeys, ApiKeysConfig, Caller, Role};
 pub use error::ApiError;
+pub use inbox::InboxSettings;
 pub use routes::MAX_SOURCE_BYTES;
 pub use secret::load_or_create as load_or_create_secret;
 
@@ -38,18 +41,22 @@ pub struct AppState {
     pub keys: ApiKeys,
     /// Becomes `true` when the server shuts down; live event streams end then.
     pub shutting_down: watch::Receiver<bool>,
+    /// The inbox pages' CSRF key and cookie settings.
+    pub inbox: InboxSettings,
 }
 
 impl AppState {
-    /// State for a server that is never shut down (tests, embedding without graceful shutdown).
+    /// State for a server that is never shut down (tests, embedding without graceful shutdown),
+    /// with [`InboxSettings::ephemeral`] inbox settings.
     pub fn new(automations: Automations, keys: ApiKeys) -> AppState {
-        AppState { automations, keys, shutting_down: watch::channel(false).1 }
+        AppState { automations, keys, shutting_down: watch::channel(false).1, inbox: InboxSettings::ephemeral() }
     }
 }
 
-/// The `/v1` API (and `/healthz`) over `state`.
+/// The `/v1` API, `/healthz` and the inbox pages over `state`.
 pub fn router(state: AppState) -> Router {
     Router::new()
+        .merge(inbox::routes())
         .route("/healthz", get(routes::health))
         .route("/v1/automations", post(routes::submit))
         .route("/v1/automations/{id}", get(routes::get))
@@ -85,6 +92,9 @@ pub struct ServerConfig {
     pub workers: usize,
     /// How scripts run (the CLI runs them in worker processes).
     pub runner: RunnerConfig,
+    /// Mark the inbox's session cookie `Secure`: set it when browsers reach the server over HTTPS
+    /// (e.g. behind a TLS-terminating proxy); off for plain `http://localhost`.
+    pub secure_cookies: bool,
 }
 
 /// The service's parts, opened on one database.
@@ -143,7 +153,8 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()> + Se
     // Scripts and tests read this line to find the port.
     println!("listening on http://{local}");
     let (stop, shutting_down) = watch::channel(false);
-    let state = AppState { automations: service.automations.clone(), keys, shutting_down };
+    let inbox = InboxSettings::from_secret(&secret, config.secure_cookies);
+    let state = AppState { automations: service.automations.clone(), keys, shutting_down, inbox };
     let shutdown = async move {
         shutdown.await;
         // Live event streams end now, so the requests in flight can finish.

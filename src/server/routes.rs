@@ -55,7 +55,8 @@ pub(super) fn run_id(id: &str) -> Option<RunId> {
     valid.then(|| RunId::from(id))
 }
 
-fn automation_id(id: &str) -> Result<RunId, ApiError> {
+/// The automation id in a path; anything that cannot be one is 404.
+pub(super) fn automation_id(id: &str) -> Result<RunId, ApiError> {
     run_id(id).ok_or_else(|| ApiError::not_found("no such automation"))
 }
 

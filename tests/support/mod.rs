@@ -121,6 +121,25 @@ impl Server {
         }
     }
 
+    /// Starts like [`Server::start`], with `keys` (a keys file's JSON), if given, written to
+    /// `keys.json` in `dir` and passed as `--keys` (next to the demo keys).
+    pub fn start_with_keys(dir: &TempDir, keys: Option<&str>) -> Server {
+        let keys_file = dir.path().join("keys.json");
+        let mut extra = Vec::new();
+        if let Some(keys) = keys {
+            std::fs::write(&keys_file, keys).expect("the keys file is written");
+            extra = vec!["--keys".to_owned(), keys_file.display().to_string()];
+        }
+        let extra: Vec<&str> = extra.iter().map(String::as_str).collect();
+        Server::start(dir, &extra)
+    }
+
+    /// The server's base URL, `http://127.0.0.1:PORT`.
+    #[allow(dead_code)] // Not every test binary that includes this module needs it.
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
     /// A client of this server presenting `key` (or no key).
     pub fn client(&self, key: Option<&str>) -> Client {
         Client { addr: self.addr, key: key.map(str::to_owned) }
@@ -290,8 +309,14 @@ impl Client {
     /// `method path` with an optional body; the whole response. Panics on a transport error or
     /// after [`WAIT`].
     pub async fn request(&self, method: &str, path: &str, body: Option<&[u8]>) -> Response {
+        self.send(method, path, &[], body).await
+    }
+
+    /// `method path` with extra `headers` (a `Content-Type` among them replaces the JSON one) and
+    /// an optional body; the whole response. Panics on a transport error or after [`WAIT`].
+    pub async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&[u8]>) -> Response {
         let exchange = async {
-            let (status, headers, mut body) = self.open(method, path, body).await?;
+            let (status, headers, mut body) = self.open(method, path, headers, body).await?;
             let mut bytes = Vec::new();
             while let Some(chunk) = body.chunk().await? {
                 bytes.extend_from_slice(&chunk);
@@ -308,7 +333,7 @@ impl Client {
     /// `GET path` whose body is read line by line as it arrives (NDJSON). The response's
     /// `body` is empty; read the lines from the [`Lines`].
     pub async fn stream(&self, path: &str) -> (Response, Lines) {
-        let (status, headers, body) = match tokio::time::timeout(WAIT, self.open("GET", path, None)).await {
+        let (status, headers, body) = match tokio::time::timeout(WAIT, self.open("GET", path, &[], None)).await {
             Ok(Ok(head)) => head,
             Ok(Err(e)) => panic!("GET {path}: {e}"),
             Err(_) => panic!("GET {path}: no response head within {WAIT:?}"),
@@ -319,7 +344,7 @@ impl Client {
     /// Connects and sends all of `method path` but its last byte: [`Prepared::send`] completes
     /// it, so that many prepared requests reach the server at (almost) the same instant.
     pub async fn prepare(&self, method: &str, path: &str, body: Option<&[u8]>) -> Prepared {
-        let mut bytes = self.request_bytes(method, path, body);
+        let mut bytes = self.request_bytes(method, path, &[], body);
         let last = bytes.pop().expect("a request is never empty");
         let connect = async {
             let mut stream = TcpStream::connect(self.addr).await?;
@@ -333,13 +358,19 @@ impl Client {
         }
     }
 
-    fn request_bytes(&self, method: &str, path: &str, body: Option<&[u8]>) -> Vec<u8> {
+    fn request_bytes(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&[u8]>) -> Vec<u8> {
         let mut head = format!("{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n", self.addr);
         if let Some(key) = &self.key {
             head.push_str(&format!("Authorization: Bearer {key}\r\n"));
         }
+        for (name, value) in headers {
+            head.push_str(&format!("{name}: {value}\r\n"));
+        }
         if let Some(body) = body {
-            head.push_str(&format!("Content-Type: application/json\r\nContent-Length: {}\r\n", body.len()));
+            if !headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("content-type")) {
+                head.push_str("Content-Type: application/json\r\n");
+            }
+            head.push_str(&format!("Content-Length: {}\r\n", body.len()));
         }
         head.push_str("\r\n");
         let mut bytes = head.into_bytes();
@@ -351,10 +382,11 @@ impl Client {
         &self,
         method: &str,
         path: &str,
+        headers: &[(&str, &str)],
         body: Option<&[u8]>,
     ) -> std::io::Result<(u16, Vec<(String, String)>, Body)> {
         let mut stream = TcpStream::connect(self.addr).await?;
-        let sent = stream.write_all(&self.request_bytes(method, path, body)).await;
+        let sent = stream.write_all(&self.request_bytes(method, path, headers, body)).await;
         read_response(stream, method, sent).await
     }
 }
@@ -576,6 +608,7 @@ impl TempDir {
 
 /// Declares a scenario as a module of two tests: `sqlite`, and `postgres`, which passes without
 /// doing anything when no PostgreSQL test server is configured (`RESUMABLE_TEST_PG_URL`).
+#[allow(unused_macros)]
 macro_rules! on_both_backends {
     ($(#[$attr:meta])* async fn $name:ident($backend:ident) $body:block) => {
         mod $name {

@@ -1,5 +1,11 @@
 //! Support for tests of code built on the engine (not part of the stable API).
 
+/// Whether the tests run under CI (`CI` is set, and not to `false` or `0`): tests that need
+/// something missing must fail there instead of being skipped.
+pub fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0")
+}
+
 /// The PostgreSQL server tests should use, from `RESUMABLE_TEST_PG_URL`, or `None` (after
 /// printing that the test is skipped) when it is not set.
 ///
@@ -9,8 +15,7 @@ pub fn postgres_url() -> Option<String> {
     match std::env::var("RESUMABLE_TEST_PG_URL") {
         Ok(url) if !url.is_empty() => Some(url),
         _ => {
-            let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
-            assert!(!ci, "RESUMABLE_TEST_PG_URL must be set under CI: the PostgreSQL tests cannot be skipped");
+            assert!(!under_ci(), "RESUMABLE_TEST_PG_URL must be set under CI: the PostgreSQL tests cannot be skipped");
             eprintln!("skipped: RESUMABLE_TEST_PG_URL is not set");
             None
         }
