@@ -27,8 +27,10 @@ pub enum RunEvent {
         name: String,
     },
     /// The script made a call that a resumed run serves from its ledger: the
-    /// host function does not run again. An interrupted call that is resumed
-    /// with a decision is not replayed; it runs live (`call_started`).
+    /// host function does not run again, and no `call_started` or
+    /// `call_completed` follows. This includes an interrupted call that the
+    /// resume leaves undecided (it stays pending). An interrupted call resumed
+    /// with a decision is not replayed; it runs again, live (`call_started`).
     CallReplayed {
         /// 1-based call index.
         index: u32,

@@ -118,6 +118,29 @@ async fn worker_processes_report_the_same_events() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecided_interruption_is_replayed_and_stays_pending() {
+    let runner = runner();
+    let tools = Tools::default();
+    let source = "return await Promise.all([tools.approve('a'), tools.approve('b')])";
+    let (_, outcome) = collect(&runner, RunRequest::new(source).host(tools.host())).await;
+    let paused = outcome.interrupted().expect("paused").clone();
+    let resume = RunRequest::new(source)
+        .host(tools.host())
+        .resume(paused.continuation, [Resolution::new("interrupt-1", json!("yes"))]);
+    let (events, _) = collect(&runner, resume).await;
+    assert_eq!(
+        events,
+        vec![
+            replayed(2, "tools.approve"),
+            started(1, "tools.approve"),
+            fulfilled(1, "tools.approve", json!("yes")),
+            RunEvent::Interrupted { interruptions: vec!["interrupt-2".into()] },
+        ]
+    );
+    assert_eq!(tools.count("approve"), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipe_writes_one_json_line_per_event_and_returns_the_outcome() {
     let runner = runner();
     let tools = Tools::default();
