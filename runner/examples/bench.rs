@@ -8,7 +8,8 @@
 //! `__worker`) instead of threads. `--rss` is internal: the child process for
 //! workload h. Beyond the peer keys, `bytecode_cold_ms` (a new source every run,
 //! always compiled), `bytecode_warm_ms` (the same source, from the bytecode
-//! cache) and `bytecode_speedup` (ratio of their medians) show what the cache saves.
+//! cache) and `bytecode_speedup` (ratio of their medians) show what the cache saves,
+//! and `c_200_calls_small_events_ms` is workload c read as live events.
 
 use resumable_runner::codec::{SignedCodec, SignedCodecConfig};
 use resumable_runner::host::{HostError, HostFunctions};
@@ -164,6 +165,26 @@ async fn bytecode_cache(runner: &Runner, warm: usize, reps: usize) -> [Value; 2]
     [stats(&cold), warm_ms]
 }
 
+/// Workload c (200 small calls) read as live events: 400 call events and the end.
+async fn streamed_calls(runner: &Runner, host: &HostFunctions, warm: usize, reps: usize) -> Value {
+    let mut times = Vec::with_capacity(reps);
+    for i in 0..warm + reps {
+        let started = Instant::now();
+        let mut events = runner.start(RunRequest::new(CALLS_200_SMALL).host(host.clone())).events();
+        let mut count = 0;
+        while events.next().await.is_some() {
+            count += 1;
+        }
+        let outcome = events.outcome().await;
+        if i >= warm {
+            times.push(ms(started));
+        }
+        assert_eq!(count, 401, "every event arrives");
+        check(outcome, &json!(19900), "c-events");
+    }
+    stats(&times)
+}
+
 async fn interrupt_resume(runner: &Runner, source: &str, host: &HostFunctions, warm: usize, reps: usize) -> [Value; 3] {
     let (mut to_interrupt, mut token_bytes, mut resume) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..warm + reps {
@@ -316,6 +337,10 @@ async fn bench() {
     out.insert(
         "c_200_calls_small_ms".into(),
         timed(&runner, "c-small", c, json!(19900), reps.warm_calls, reps.calls).await,
+    );
+    out.insert(
+        "c_200_calls_small_events_ms".into(),
+        streamed_calls(&runner, &repeat, reps.warm_calls, reps.calls).await,
     );
     let c = RunRequest::new(CALLS_200).host(repeat.clone());
     let value = json!(CALLS_200_VALUE);
