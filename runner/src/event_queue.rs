@@ -4,7 +4,10 @@
 //! are waiting, further live events are dropped and counted, and the consumer
 //! later reads one [`RunEvent::Lagged`] in their place. The terminal event is
 //! never dropped. So a slow (or absent) consumer costs at most the queue's
-//! capacity in memory, whatever the script does, and the run still finishes.
+//! capacity in memory, whatever the script does, and the run still finishes:
+//! 1,024 events, of which console lines hold at most the console limit in
+//! all, and call events at most [`EVENT_VALUE_BYTES`](crate::EVENT_VALUE_BYTES)
+//! of value each (plus their names).
 
 use crate::event::{EventSink, RunEvent};
 use std::collections::VecDeque;

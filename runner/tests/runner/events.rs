@@ -238,3 +238,14 @@ async fn outcome_of_a_handle_is_a_plain_run() {
     assert_eq!(outcome.completed().map(|c| &c.value), Some(&json!(2)));
     assert_eq!(outcome.console()[0].text, "1");
 }
+
+#[test]
+fn events_outside_a_tokio_runtime_fail_with_a_configuration_error() {
+    let runner = runner();
+    let mut events = runner.start(RunRequest::new("return 1")).events();
+    let tokio = tokio::runtime::Builder::new_current_thread().build().unwrap();
+    let Some(RunEvent::Failed { error }) = tokio.block_on(events.next()) else { panic!("a failed event") };
+    assert_eq!(error.code, ErrorCode::ConfigurationError);
+    assert_eq!(tokio.block_on(events.next()), None);
+    assert_code(&tokio.block_on(events.outcome()).unwrap_err(), ErrorCode::ConfigurationError);
+}
