@@ -51,6 +51,7 @@ pub use resumable_runner as runner;
 pub use resumable_host::{CancelSignal, HostCallContext, HostError, HostFunctions, Resume};
 pub use resumable_runner::codec::{SignedCodec, SignedCodecConfig};
 pub use resumable_runner::{
-    Completion, ConsoleLevel, ConsoleLine, ErrorCode, Interruption, Limit, LimitOverrides, Limits, Outcome, Resolution,
-    RunError, RunRequest, Runner, RunnerConfig, Suspension,
+    BytecodeCacheConfig, Completion, ConsoleLevel, ConsoleLine, ErrorCode, Interruption, Limit, LimitOverrides, Limits,
+    Outcome, Resolution, RunError, RunEvent, RunEvents, RunHandle, RunRequest, Runner, RunnerConfig, RunnerStats,
+    Suspension,
 };

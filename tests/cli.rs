@@ -157,9 +157,45 @@ fn help_describes_the_commands_and_flags() {
     let run = resumable(&["run", "--help"], "");
     assert_eq!(run.status.code(), Some(0));
     let text = String::from_utf8(run.stdout).unwrap();
-    for needle in ["--timeout-ms", "--memory-bytes", "--context", "<FILE>", "stdin", "Exit status"] {
+    for needle in
+        ["--timeout-ms", "--memory-bytes", "--context", "--events", "NDJSON", "<FILE>", "stdin", "Exit status"]
+    {
         assert!(text.contains(needle), "run --help should mention {needle}: {text}");
     }
+}
+
+/// Every stdout line as JSON.
+fn json_lines(output: &Output) -> Vec<Value> {
+    let stdout = String::from_utf8(output.stdout.clone()).expect("utf-8 stdout");
+    assert!(stdout.ends_with('\n'), "{stdout:?}");
+    stdout.lines().map(|line| serde_json::from_str(line).expect("each line is JSON")).collect()
+}
+
+#[test]
+fn events_print_as_ndjson_before_the_status_line() {
+    let output = run_source("console.log('hi'); console.warn('careful', {n: 1}); return 6 * 7", &["--events"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let console = json!([{ "level": "log", "text": "hi" }, { "level": "warn", "text": "careful {\"n\":1}" }]);
+    assert_eq!(
+        json_lines(&output),
+        vec![
+            json!({ "type": "console", "level": "log", "text": "hi" }),
+            json!({ "type": "console", "level": "warn", "text": "careful {\"n\":1}" }),
+            json!({ "type": "completed", "value": 42 }),
+            json!({ "status": "completed", "value": 42, "console": console }),
+        ]
+    );
+
+    let output = run_source("console.error('before'); throw new Error('boom')", &["--events"]);
+    assert_eq!(output.status.code(), Some(1));
+    let lines = json_lines(&output);
+    assert_eq!(lines.len(), 3, "{lines:?}");
+    assert_eq!(lines[0], json!({ "type": "console", "level": "error", "text": "before" }));
+    assert_eq!((&lines[1]["type"], &lines[1]["error"]["code"]), (&json!("failed"), &json!("RUN_ERROR")));
+    assert_eq!((&lines[2]["status"], &lines[2]["error"]["code"]), (&json!("failed"), &json!("RUN_ERROR")));
+
+    let output = run_source("return 1", &["--events", "--timeout-ms", "0"]);
+    assert_usage_error(&output, "timeout_ms");
 }
 
 /// Drives the `approval_cli` example through its prompt. `cargo test` builds examples

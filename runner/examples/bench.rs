@@ -6,7 +6,10 @@
 //! numbers can be compared with Vercel `run` and modebox in one sitting.
 //! `--processes` runs the scripts in worker processes (this program started as
 //! `__worker`) instead of threads. `--rss` is internal: the child process for
-//! workload h.
+//! workload h. Beyond the peer keys, `bytecode_cold_ms` (a new source every run,
+//! always compiled), `bytecode_warm_ms` (the same source, from the bytecode
+//! cache) and `bytecode_speedup` (ratio of their medians) show what the cache saves,
+//! and `c_200_calls_small_events_ms` is workload c read as live events.
 
 use resumable_runner::codec::{SignedCodec, SignedCodecConfig};
 use resumable_runner::host::{HostError, HostFunctions};
@@ -25,6 +28,8 @@ const CALLS_200_INTERRUPT: &str = "let n = 0; for (let i = 0; i < 200; i++) n +=
 const CALLS_200_RETAIN_INTERRUPT: &str = "const out = []; for (let i = 0; i < 200; i++) out.push(await tools.fetch(i)); const ok = await tools.approve(); return ok ? out.reduce((a, s) => a + s.length, 0) : -1";
 const CPU: &str = "let s=0; for (let i=0;i<1e7;i++) s+=i; return s";
 const CALLS_200_VALUE: u64 = 200 * 4096;
+/// Functions in the script of the bytecode-cache workload.
+const CACHE_SCRIPT_FUNCTIONS: usize = 60;
 const CPU_VALUE: u64 = 49_999_995_000_000;
 
 struct Reps {
@@ -114,6 +119,68 @@ async fn timed(runner: &Runner, label: &str, request: RunRequest, expected: Valu
         let outcome = runner.run(request.clone()).await;
         times.push(ms(started));
         check(outcome, &expected, label);
+    }
+    stats(&times)
+}
+
+/// A script of some size (60 small functions, about 9 KB) that runs briefly, so
+/// that compiling it is a visible part of a run.
+fn cache_script() -> String {
+    let mut source = String::new();
+    for i in 0..CACHE_SCRIPT_FUNCTIONS {
+        source.push_str(&format!(
+            "function step{i}(state) {{\n  const items = state.items.map((x, j) => ({{ id: j, v: x * {i} + 1 }}));\n  \
+             const total = items.reduce((a, b) => a + b.v, 0);\n  \
+             return {{ items: state.items, total: state.total + (total % 7), label: `step-{i}-${{total}}` }};\n}}\n"
+        ));
+    }
+    source.push_str("let state = { items: [1, 2, 3], total: 0 };\n");
+    for i in 0..CACHE_SCRIPT_FUNCTIONS {
+        source.push_str(&format!("state = step{i}(state);\n"));
+    }
+    source.push_str("return state.total;\n");
+    source
+}
+
+/// Runs of the same source (`warm`, bytecode from the cache) against runs of a
+/// new source each time (`cold`, always compiled): `[cold, warm]`.
+async fn bytecode_cache(runner: &Runner, warm: usize, reps: usize) -> [Value; 2] {
+    let script = cache_script();
+    let expected = match runner.run(RunRequest::new(script.as_str())).await {
+        Ok(Outcome::Completed(done)) => done.value,
+        other => panic!("cache script: {other:?}"),
+    };
+    let mut cold = Vec::with_capacity(reps);
+    for i in 0..warm + reps {
+        // A comment makes each source new to the cache and changes nothing else.
+        let request = RunRequest::new(format!("// cold run {i}\n{script}"));
+        let started = Instant::now();
+        let outcome = runner.run(request).await;
+        if i >= warm {
+            cold.push(ms(started));
+        }
+        check(outcome, &expected, "bytecode-cold");
+    }
+    let warm_ms = timed(runner, "bytecode-warm", RunRequest::new(script), expected, warm, reps).await;
+    [stats(&cold), warm_ms]
+}
+
+/// Workload c (200 small calls) read as live events: 400 call events and the end.
+async fn streamed_calls(runner: &Runner, host: &HostFunctions, warm: usize, reps: usize) -> Value {
+    let mut times = Vec::with_capacity(reps);
+    for i in 0..warm + reps {
+        let started = Instant::now();
+        let mut events = runner.start(RunRequest::new(CALLS_200_SMALL).host(host.clone())).events();
+        let mut count = 0;
+        while events.next().await.is_some() {
+            count += 1;
+        }
+        let outcome = events.outcome().await;
+        if i >= warm {
+            times.push(ms(started));
+        }
+        assert_eq!(count, 401, "every event arrives");
+        check(outcome, &json!(19900), "c-events");
     }
     stats(&times)
 }
@@ -271,6 +338,10 @@ async fn bench() {
         "c_200_calls_small_ms".into(),
         timed(&runner, "c-small", c, json!(19900), reps.warm_calls, reps.calls).await,
     );
+    out.insert(
+        "c_200_calls_small_events_ms".into(),
+        streamed_calls(&runner, &repeat, reps.warm_calls, reps.calls).await,
+    );
     let c = RunRequest::new(CALLS_200).host(repeat.clone());
     let value = json!(CALLS_200_VALUE);
     out.insert(
@@ -290,6 +361,12 @@ async fn bench() {
         out.insert(format!("d_run_to_interrupt_ms_{key}"), to_interrupt);
         out.insert(format!("e_resume_ms_{key}"), resume);
     }
+
+    let [cold, warm] = bytecode_cache(&runner, warm_fast, fast).await;
+    let median = |v: &Value| v["median"].as_f64().unwrap_or(f64::NAN);
+    out.insert("bytecode_speedup".into(), json!(r3(median(&cold) / median(&warm))));
+    out.insert("bytecode_cold_ms".into(), cold);
+    out.insert("bytecode_warm_ms".into(), warm);
 
     out.insert(
         "f_cpu_sum_1e7_ms".into(),

@@ -1,6 +1,8 @@
 //! What a worker executes, and what comes back.
 
+use crate::bytecode_cache::{BytecodeCacheConfig, CacheLookup};
 use crate::error::RunError;
+use crate::event::EventSink;
 use crate::limits::Limits;
 use crate::link::HostLink;
 use crate::outcome::{ConsoleLine, Interruption};
@@ -26,6 +28,12 @@ pub(crate) struct Job {
     pub can_interrupt: bool,
     /// How host calls (and the consumption of a stored continuation) leave the worker.
     pub link: Option<HostLink>,
+    /// Where live events go; `None` when nobody asked for them (then none are made).
+    pub events: Option<Box<dyn EventSink>>,
+    /// Bounds of the worker's bytecode cache.
+    pub cache: BytecodeCacheConfig,
+    /// Set by the worker: whether the bytecode came from its cache.
+    pub lookup: Option<CacheLookup>,
 }
 
 /// The recorded past of the run (empty for a first run).

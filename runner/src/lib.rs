@@ -1,10 +1,14 @@
 //! The QuickJS sandbox of Resumable: limits, host-call bridge, replay ledger
 //! and continuations.
 
+mod bytecode_cache;
 pub mod codec;
 mod continuation;
 mod determinism;
 mod error;
+mod event;
+mod event_queue;
+mod handle;
 mod job;
 mod limits;
 mod link;
@@ -15,7 +19,11 @@ mod store;
 mod text;
 mod turn;
 
+pub use bytecode_cache::{BytecodeCacheConfig, RunnerStats};
 pub use error::{ErrorCode, RunError};
+pub use event::{CallSettlement, EVENT_VALUE_BYTES, EventError, RunEvent};
+pub use event_queue::EVENT_QUEUE_CAPACITY;
+pub use handle::{RunEvents, RunHandle};
 pub use limits::{Limit, LimitError, LimitOverrides, Limits};
 pub use outcome::{Completion, ConsoleLevel, ConsoleLine, Interruption, Outcome, Resolution, Suspension};
 mod pool;

@@ -1,5 +1,6 @@
 //! Worker threads that own the engines, fed by a bounded queue.
 
+use crate::bytecode_cache::StatsCounters;
 use crate::error::{ErrorCode, RunError};
 use crate::job::{Job, RawOutcome};
 use crate::limits::MAX_STACK_BYTES;
@@ -31,16 +32,17 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    pub(crate) fn new(workers: usize, queue_capacity: usize) -> Result<Pool, String> {
+    pub(crate) fn new(workers: usize, queue_capacity: usize, stats: Arc<StatsCounters>) -> Result<Pool, String> {
         let (queue, jobs) = bounded::<Task>(queue_capacity);
         let spinners = Arc::new(AtomicUsize::new(0));
         for index in 0..workers {
             let jobs = jobs.clone();
             let spinners = Arc::clone(&spinners);
+            let stats = Arc::clone(&stats);
             thread::Builder::new()
                 .name(format!("resumable-worker-{index}"))
                 .stack_size(4 * MAX_STACK_BYTES + 1024 * 1024)
-                .spawn(move || work(jobs, &spinners))
+                .spawn(move || work(jobs, &spinners, &stats))
                 .map_err(|e| format!("cannot start worker thread: {e}"))?;
         }
         Ok(Pool { queue, pollers: Arc::new(AtomicUsize::new(0)) })
@@ -59,7 +61,7 @@ impl Pool {
     }
 }
 
-fn work(jobs: Receiver<Task>, spinners: &AtomicUsize) {
+fn work(jobs: Receiver<Task>, spinners: &AtomicUsize, stats: &StatsCounters) {
     let mut engine: Option<Engine> = None;
     loop {
         if engine.is_none() {
@@ -82,6 +84,7 @@ fn work(jobs: Receiver<Task>, spinners: &AtomicUsize) {
                 }),
             }
         };
+        stats.record(job.lookup);
         let _ = reply.send(result);
         // Teardown happens after the caller has its answer.
         match engine.as_mut() {

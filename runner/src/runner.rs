@@ -1,8 +1,12 @@
 //! The public entry point: a [`Runner`] executes [`RunRequest`]s.
 
+use crate::bytecode_cache::{BytecodeCacheConfig, RunnerStats, StatsCounters};
 use crate::continuation::{Claim, ContinuationCodec, Inspection};
 use crate::determinism::{fresh_seed, wall_clock_ms};
 use crate::error::{ErrorCode, RunError};
+use crate::event::EventSink;
+use crate::event_queue::EventQueue;
+use crate::handle::RunHandle;
 use crate::job::{Job, RawOutcome, Replay, WorkerMessage};
 use crate::limits::{Limit, LimitOverrides, Limits};
 use crate::link::{HostLink, LocalHost};
@@ -33,6 +37,7 @@ pub struct RunnerConfig {
     limits: Limits,
     codec: Option<ContinuationCodec>,
     processes: Option<ProcessConfig>,
+    bytecode_cache: BytecodeCacheConfig,
 }
 
 impl Default for RunnerConfig {
@@ -43,6 +48,7 @@ impl Default for RunnerConfig {
             limits: Limits::default(),
             codec: None,
             processes: None,
+            bytecode_cache: BytecodeCacheConfig::default(),
         }
     }
 }
@@ -52,7 +58,8 @@ fn thread_count() -> usize {
 }
 
 impl RunnerConfig {
-    /// Defaults: one worker per core, a queue of 1,024 runs, default limits, no continuation codec.
+    /// Defaults: one worker per core, a queue of 1,024 runs, default limits, no
+    /// continuation codec, the default bytecode cache.
     pub fn new() -> Self {
         Self::default()
     }
@@ -72,6 +79,12 @@ impl RunnerConfig {
     /// Limits applied to every run unless the request overrides them.
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
+        self
+    }
+
+    /// Bounds (entries, bytes, age) of each worker's bytecode cache.
+    pub fn bytecode_cache(mut self, config: BytecodeCacheConfig) -> Self {
+        self.bytecode_cache = config;
         self
     }
 
@@ -99,6 +112,7 @@ impl fmt::Debug for RunnerConfig {
             .field("queue_capacity", &self.queue_capacity)
             .field("limits", &self.limits)
             .field("codec", &self.codec)
+            .field("bytecode_cache", &self.bytecode_cache)
             .finish()
     }
 }
@@ -211,6 +225,8 @@ struct Inner {
     backend: Backend,
     limits: Limits,
     codec: Option<ContinuationCodec>,
+    bytecode_cache: BytecodeCacheConfig,
+    stats: Arc<StatsCounters>,
 }
 
 impl fmt::Debug for Runner {
@@ -231,16 +247,22 @@ impl Runner {
                 config.queue_capacity
             )));
         }
+        config.bytecode_cache.validate().map_err(ConfigError)?;
+        let stats = Arc::new(StatsCounters::default());
         let backend = match config.processes {
-            None => Backend::Threads(Pool::new(config.workers, config.queue_capacity).map_err(ConfigError)?),
+            None => {
+                Backend::Threads(Pool::new(config.workers, config.queue_capacity, stats.clone()).map_err(ConfigError)?)
+            }
             Some(processes) => {
                 if !processes.program.exists() {
                     return Err(ConfigError(format!("worker program {} does not exist", processes.program.display())));
                 }
-                Backend::Processes(ProcessPool::new(processes, config.workers, config.queue_capacity))
+                Backend::Processes(ProcessPool::new(processes, config.workers, config.queue_capacity, stats.clone()))
             }
         };
-        Ok(Runner { inner: Arc::new(Inner { backend, limits: config.limits, codec: config.codec }) })
+        let inner =
+            Inner { backend, limits: config.limits, codec: config.codec, bytecode_cache: config.bytecode_cache, stats };
+        Ok(Runner { inner: Arc::new(inner) })
     }
 
     /// The runner's default limits.
@@ -248,9 +270,30 @@ impl Runner {
         &self.inner.limits
     }
 
+    /// Counters since the runner started (bytecode cache hits and misses).
+    pub fn stats(&self) -> RunnerStats {
+        self.inner.stats.snapshot()
+    }
+
     /// Runs (or resumes) a script. Must be called from within a tokio runtime;
-    /// host functions run on that runtime.
+    /// host functions run on that runtime. The same as `start(request).outcome()`.
     pub async fn run(&self, request: RunRequest) -> Result<Outcome, RunError> {
+        self.execute_request(&request, None).await
+    }
+
+    /// A run of `request` to consume as it happens: await its outcome, stream
+    /// its [`RunEvent`](crate::RunEvent)s, or pipe them to a writer as NDJSON
+    /// (see [`RunHandle`]). Nothing runs until the handle is used.
+    pub fn start(&self, request: RunRequest) -> RunHandle {
+        RunHandle::new(self.clone(), request)
+    }
+
+    /// Runs `request`, reporting live events to `events` when given.
+    pub(crate) async fn execute_request(
+        &self,
+        request: &RunRequest,
+        events: Option<Arc<EventQueue>>,
+    ) -> Result<Outcome, RunError> {
         if request.cancel.as_ref().is_some_and(CancelSignal::is_cancelled) {
             return Err(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller before it started"));
         }
@@ -270,8 +313,8 @@ impl Runner {
         })?;
         let source_hash = source_hash(&request.source);
         let scope = scope_hash(&request.audience, request.host.names(), &request.context, &source_hash);
-        let (replay, claim) = self.replay(&request, &limits, &source_hash, &scope).await?;
-        let result = self.execute(&request, limits, tokio, source_hash, scope, replay, claim.clone()).await;
+        let (replay, claim) = self.replay(request, &limits, &source_hash, &scope).await?;
+        let result = self.execute(request, limits, tokio, source_hash, scope, replay, claim.clone(), events).await;
         if let Some(claim) = claim {
             claim.release_unless_consumed().await;
         }
@@ -288,6 +331,7 @@ impl Runner {
         scope: [u8; 32],
         replay: Replay,
         claim: Option<Arc<Claim>>,
+        events: Option<Arc<EventQueue>>,
     ) -> Result<Outcome, RunError> {
         let seed = replay.seed;
         let start_clock = replay.start_clock;
@@ -295,7 +339,8 @@ impl Runner {
 
         let raw = match &self.inner.backend {
             Backend::Threads(pool) => {
-                self.run_on_thread(pool, request, limits, tokio, source_hash, replay, claim).await
+                let events = events.map(|queue| Box::new(queue) as Box<dyn EventSink>);
+                self.run_on_thread(pool, request, limits, tokio, source_hash, replay, claim, events).await
             }
             Backend::Processes(pool) => {
                 let spec = JobSpec {
@@ -306,9 +351,11 @@ impl Runner {
                     replay,
                     can_interrupt: self.inner.codec.is_some(),
                     has_claim: claim.is_some(),
+                    events: events.is_some(),
+                    cache: self.inner.bytecode_cache,
                 };
                 let cancel = request.cancel.clone().unwrap_or_default();
-                pool.run(spec, request.host.clone(), claim, cancel).await
+                pool.run(spec, request.host.clone(), claim, cancel, events).await
             }
         };
         match raw? {
@@ -345,6 +392,7 @@ impl Runner {
         source_hash: [u8; 32],
         replay: Replay,
         claim: Option<Arc<Claim>>,
+        events: Option<Box<dyn EventSink>>,
     ) -> Result<RawOutcome, RunError> {
         let (reply, mut answer) = tokio::sync::oneshot::channel();
         let (inbox_sender, inbox) = mpsc::channel();
@@ -367,6 +415,9 @@ impl Runner {
             abort: abort.clone(),
             can_interrupt: self.inner.codec.is_some(),
             link: Some(link),
+            events,
+            cache: self.inner.bytecode_cache,
+            lookup: None,
         };
         pool.submit(Task { job, reply })?;
         let mut stop = StopOnDrop { abort, inbox: inbox_sender, armed: true };

@@ -23,6 +23,13 @@ Output: exactly one JSON line on stdout, for example
   {\"status\":\"completed\",\"value\":42,\"console\":[{\"level\":\"log\",\"text\":\"hi\"}]}
   {\"status\":\"failed\",\"error\":{\"code\":\"RUN_ERROR\",\"message\":\"Error: boom …\",\"retryable\":false},\"console\":[]}
 
+With --events, one JSON line per event comes first, written as it happens (NDJSON, tagged by
+\"type\": console, call_started, call_replayed, call_completed, lagged), then the terminal event
+(completed or failed), and last the same {\"status\":…} line as without --events:
+  {\"type\":\"console\",\"level\":\"log\",\"text\":\"hi\"}
+  {\"type\":\"completed\",\"value\":42}
+  {\"status\":\"completed\",\"value\":42,\"console\":[{\"level\":\"log\",\"text\":\"hi\"}]}
+
 Exit status: 0 completed, 1 failed (script error or limit), 2 usage error (nothing on stdout).
 
 Example: echo 'console.log(\"hi\"); return 6 * 7' | resumable run -";
@@ -56,6 +63,10 @@ pub struct RunArgs {
     /// JSON bound into the run's scope (for example a tenant); the script does not see it.
     #[arg(long, value_name = "JSON", value_parser = parse_json)]
     context: Option<Value>,
+
+    /// Print the run's events as NDJSON while it runs, before the final status line.
+    #[arg(long)]
+    events: bool,
 }
 
 impl RunArgs {
@@ -82,11 +93,12 @@ pub fn execute(args: RunArgs) -> ExitCode {
         Err(err) => return usage_error(format_args!("cannot read the script {}: {err}", args.file.display())),
     };
     let request = RunRequest::new(source).limits(overrides).context(args.context.unwrap_or(Value::Null));
-    print_outcome(&run_once(request))
+    print_outcome(&run_once(request, args.events))
 }
 
-/// Runs one request on a one-worker runner inside a fresh tokio runtime.
-fn run_once(request: RunRequest) -> Result<Outcome, RunError> {
+/// Runs one request on a one-worker runner inside a fresh tokio runtime,
+/// writing its events to stdout as they happen when `events` is set.
+fn run_once(request: RunRequest, events: bool) -> Result<Outcome, RunError> {
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -98,7 +110,8 @@ fn run_once(request: RunRequest) -> Result<Outcome, RunError> {
         .map_err(|err| RunError::internal(format!("cannot find this program to start a worker: {err}")))?;
     let runner =
         Runner::new(RunnerConfig::new().workers(1).processes(processes)).map_err(|err| RunError::internal(err.0))?;
-    tokio.block_on(runner.run(request))
+    let run = runner.start(request);
+    if events { tokio.block_on(run.pipe(tokio::io::stdout())) } else { tokio.block_on(run.outcome()) }
 }
 
 /// Reads the script from `path`, or from stdin when `path` is `-`.

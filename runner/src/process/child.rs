@@ -3,6 +3,7 @@
 use super::frame::{read_frame, write_frame};
 use super::protocol::{JobSpec, ToChild, ToParent};
 use crate::error::RunError;
+use crate::event::{EventSink, RunEvent};
 use crate::job::{Job, WorkerMessage};
 use crate::limits::MAX_STACK_BYTES;
 use crate::link::{CallRequest, HostLink, RemoteHost};
@@ -79,6 +80,7 @@ fn serve() {
         *current.lock().unwrap_or_else(|p| p.into_inner()) =
             Current { inbox: Some(inbox_sender), abort: Some(abort.clone()) };
         let link = HostLink::Remote(Box::new(PipeHost { output: output.clone(), has_claim: spec.has_claim }));
+        let events = spec.events.then(|| Box::new(PipeEvents { output: output.clone() }) as Box<dyn EventSink>);
         let mut job = Job {
             source: spec.source,
             source_hash: spec.source_hash,
@@ -89,13 +91,16 @@ fn serve() {
             abort,
             can_interrupt: spec.can_interrupt,
             link: Some(link),
+            events,
+            cache: spec.cache,
+            lookup: None,
         };
         let result = match engine.as_mut() {
             Some(engine) => engine.execute(&mut job),
             None => Err(RunError::internal("the JavaScript engine could not start")),
         };
         *current.lock().unwrap_or_else(|p| p.into_inner()) = Current::default();
-        if send(&output, &ToParent::Done(result)).is_err() {
+        if send(&output, &ToParent::Done(result, job.lookup)).is_err() {
             return;
         }
         match engine.as_mut() {
@@ -107,6 +112,19 @@ fn serve() {
         }
     }
     let _ = output.lock().map(|mut out| out.flush());
+}
+
+/// Live events of a run in a worker process: frames to the runner, which
+/// bounds what it keeps for the consumer.
+struct PipeEvents {
+    output: Output,
+}
+
+impl EventSink for PipeEvents {
+    fn emit(&self, event: RunEvent) {
+        // A lost pipe ends the run through its next host call or its answer.
+        let _ = send(&self.output, &ToParent::Event(event));
+    }
 }
 
 /// Host calls of a run in a worker process: frames to the runner.

@@ -3,8 +3,10 @@
 use super::ProcessConfig;
 use super::frame::encode_frame;
 use super::protocol::{CallOutcomeFrame, JobSpec, ToChild, ToParent};
+use crate::bytecode_cache::StatsCounters;
 use crate::continuation::Claim;
 use crate::error::{ErrorCode, RunError};
+use crate::event_queue::EventQueue;
 use crate::job::RawOutcome;
 use crate::link::CatchUnwind;
 use resumable_host::{CancelSignal, HostCallContext, HostFunctions, HostResult};
@@ -24,6 +26,7 @@ pub(crate) struct ProcessPool {
     slots: Semaphore,
     waiting: AtomicUsize,
     capacity: usize,
+    stats: Arc<StatsCounters>,
 }
 
 /// One child process and the frames it sends.
@@ -42,13 +45,14 @@ enum Ending {
 }
 
 impl ProcessPool {
-    pub(crate) fn new(config: ProcessConfig, workers: usize, queue_capacity: usize) -> Self {
+    pub(crate) fn new(config: ProcessConfig, workers: usize, queue_capacity: usize, stats: Arc<StatsCounters>) -> Self {
         ProcessPool {
             config,
             idle: Mutex::new(Vec::new()),
             slots: Semaphore::new(workers),
             waiting: AtomicUsize::new(0),
             capacity: workers + queue_capacity,
+            stats,
         }
     }
 
@@ -59,6 +63,7 @@ impl ProcessPool {
         host: HostFunctions,
         claim: Option<Arc<Claim>>,
         cancel: CancelSignal,
+        events: Option<Arc<EventQueue>>,
     ) -> Result<RawOutcome, RunError> {
         if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.capacity {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
@@ -76,8 +81,14 @@ impl ProcessPool {
         };
         let deadline = Instant::now() + spec.limits.timeout() + self.config.grace;
         let host_cancel = CancelSignal::new();
-        let session =
-            Session { host, claim, host_cancel: host_cancel.clone(), run_id: spec.replay.logical_run_id.clone() };
+        let session = Session {
+            host,
+            claim,
+            host_cancel: host_cancel.clone(),
+            run_id: spec.replay.logical_run_id.clone(),
+            events,
+            stats: self.stats.clone(),
+        };
         let ending = session.drive(&mut worker, spec, deadline, &cancel, self.config.grace).await;
         host_cancel.cancel();
         match ending {
@@ -189,6 +200,8 @@ struct Session {
     claim: Option<Arc<Claim>>,
     host_cancel: CancelSignal,
     run_id: Arc<str>,
+    events: Option<Arc<EventQueue>>,
+    stats: Arc<StatsCounters>,
 }
 
 fn lost(message: &str) -> Ending {
@@ -220,7 +233,15 @@ impl Session {
             tokio::select! {
                 frame = worker.frames.recv() => match frame {
                     None => break lost("exited unexpectedly (crashed or was killed)"),
-                    Some(ToParent::Done(result)) => break Ending::Answered(result),
+                    Some(ToParent::Done(result, lookup)) => {
+                        self.stats.record(lookup);
+                        break Ending::Answered(result);
+                    }
+                    Some(ToParent::Event(event)) => {
+                        if let Some(events) = &self.events {
+                            events.push(event);
+                        }
+                    }
                     Some(ToParent::Call { index, function, arguments, resume }) => {
                         let arguments: Vec<Value> = serde_json::from_str(&arguments).unwrap_or_default();
                         let context = HostCallContext::new(

@@ -1,6 +1,8 @@
 //! The messages between the runner (parent) and a worker process (child).
 
+use crate::bytecode_cache::{BytecodeCacheConfig, CacheLookup};
 use crate::error::RunError;
+use crate::event::RunEvent;
 use crate::job::{RawOutcome, Replay};
 use crate::limits::Limits;
 use resumable_host::{HostError, HostFailure, HostResult, Resume};
@@ -18,6 +20,9 @@ pub(crate) struct JobSpec {
     pub replay: Replay,
     pub can_interrupt: bool,
     pub has_claim: bool,
+    /// Whether the child sends live events.
+    pub events: bool,
+    pub cache: BytecodeCacheConfig,
 }
 
 /// Parent to child.
@@ -32,9 +37,17 @@ pub(crate) enum ToChild {
 /// Child to parent.
 #[derive(Serialize, Deserialize)]
 pub(crate) enum ToParent {
-    Call { index: u32, function: String, arguments: String, resume: Option<ResumeFrame> },
+    Call {
+        index: u32,
+        function: String,
+        arguments: String,
+        resume: Option<ResumeFrame>,
+    },
     Consume,
-    Done(Result<RawOutcome, RunError>),
+    /// A live event of the run, sent in the order it happened (before `Done`).
+    Event(RunEvent),
+    /// The run's answer, and whether its bytecode came from the child's cache.
+    Done(Result<RawOutcome, RunError>, Option<CacheLookup>),
 }
 
 /// A host call's result, without the host's internal details.

@@ -2,7 +2,8 @@
 
 use crate::outcome::{ConsoleLevel, ConsoleLine};
 
-/// Lines written so far and the bytes they use.
+/// Lines written so far and the bytes they use. Each line counts its text
+/// and one byte for its line break, so empty lines are bounded too.
 pub(crate) struct ConsoleBuffer {
     lines: Vec<ConsoleLine>,
     bytes: usize,
@@ -20,21 +21,25 @@ impl ConsoleBuffer {
         !self.truncated
     }
 
-    /// Appends a line, or the truncation marker once the limit is reached.
-    pub(crate) fn push(&mut self, level: ConsoleLevel, text: String) {
+    /// Appends a line, or the truncation marker once the limit is reached;
+    /// returns what was appended.
+    pub(crate) fn push(&mut self, level: ConsoleLevel, text: String) -> Option<&ConsoleLine> {
         if self.truncated {
-            return;
+            return None;
         }
-        if self.bytes + text.len() > self.limit {
+        let cost = text.len() + 1;
+        let line = if self.bytes + cost > self.limit {
             self.truncated = true;
-            self.lines.push(ConsoleLine {
+            ConsoleLine {
                 level: ConsoleLevel::Truncated,
                 text: format!("console output truncated at {} bytes", self.limit),
-            });
-            return;
-        }
-        self.bytes += text.len();
-        self.lines.push(ConsoleLine { level, text });
+            }
+        } else {
+            self.bytes += cost;
+            ConsoleLine { level, text }
+        };
+        self.lines.push(line);
+        self.lines.last()
     }
 
     pub(crate) fn take(&mut self) -> Vec<ConsoleLine> {
@@ -55,5 +60,12 @@ mod tests {
         let lines = buffer.take();
         assert_eq!(lines.len(), 2);
         assert_eq!(lines[1].level, ConsoleLevel::Truncated);
+    }
+
+    #[test]
+    fn empty_lines_count_against_the_limit() {
+        let mut buffer = ConsoleBuffer::new(100);
+        let kept = (0..1000).filter(|_| buffer.push(ConsoleLevel::Log, String::new()).is_some()).count();
+        assert_eq!(kept, 101, "100 one-byte lines and the marker");
     }
 }

@@ -1,17 +1,31 @@
 //! One QuickJS runtime per worker thread, with its compiler and a spare realm.
+//!
+//! Warm state and configuration: what a worker keeps between runs (the
+//! runtime, the compiler context, the hardened spare realm, the bytecode
+//! cache) depends on nothing a run can configure. Intrinsics and the hardening
+//! script are fixed per build (and part of [`engine_version`]); every limit
+//! that touches the runtime (stack size, memory budget, garbage-collection
+//! threshold, deadlines, CPU time) is applied at the start of each run by
+//! `execution::execute` and lifted after it. So one warm runtime serves runs
+//! with any limits, and a run never inherits the previous run's settings.
 
 use super::alloc::{HeapMeter, MeteredAllocator};
+use super::bytecode::{BytecodeCache, CacheKey};
 use super::interrupt::RunGuard;
-use super::js;
+use super::js::{self, Bytecode};
 use super::serialize::ClassIds;
+use crate::bytecode_cache::{BytecodeCacheConfig, CacheLookup};
 use crate::determinism::SeededRandom;
 use crate::error::{ErrorCode, RunError};
 use crate::job::{Job, RawOutcome};
 use rquickjs::context::intrinsic::{Date, Eval, Json, MapSet, Promise, Proxy, RegExp, RegExpCompiler};
 use rquickjs::{Context, Function, Object, Persistent, Runtime, Value, qjs};
+use sha2::{Digest, Sha256};
 use std::cell::{Cell, RefCell};
-use std::collections::{HashMap, VecDeque};
+use std::ffi::CStr;
 use std::rc::Rc;
+use std::sync::OnceLock;
+use std::time::Instant;
 
 /// What every guest realm gets: no eval, no WeakRef, no performance, and no
 /// typed arrays (values cross the boundary as JSON; leaving them out also
@@ -23,8 +37,37 @@ type CompilerIntrinsics = (Eval, Date, RegExpCompiler, RegExp);
 const HARDEN_JS: &str = include_str!("harden.js");
 /// Garbage of retired realms allowed before a collection between runs.
 pub(crate) const GC_HEADROOM: usize = 4 * 1024 * 1024;
-const BYTECODE_CACHE_ENTRIES: usize = 64;
-const BYTECODE_CACHE_BYTES: usize = 16 * 1024 * 1024;
+/// The rquickjs release this crate is built against (checked against `Cargo.lock` by a test).
+const RQUICKJS_VERSION: &str = "0.14.0";
+
+/// Identifies everything compiled bytecode depends on: the rquickjs and QuickJS
+/// builds, this crate's version, the script wrapper, the hardening script, the
+/// intrinsics of both contexts and the platform. Part of every bytecode cache
+/// key, so a changed engine never loads bytecode another one made.
+pub(crate) fn engine_version() -> [u8; 32] {
+    static VERSION: OnceLock<[u8; 32]> = OnceLock::new();
+    *VERSION.get_or_init(|| {
+        // SAFETY: JS_GetVersion returns a static NUL-terminated string.
+        let quickjs = unsafe { CStr::from_ptr(qjs::JS_GetVersion()) }.to_bytes();
+        let platform = format!("{}-{}-{}", std::env::consts::ARCH, usize::BITS, cfg!(target_endian = "little"));
+        let mut hash = Sha256::new();
+        for part in [
+            b"resumable-engine-v1".as_slice(),
+            RQUICKJS_VERSION.as_bytes(),
+            quickjs,
+            env!("CARGO_PKG_VERSION").as_bytes(),
+            js::wrap_source("").as_bytes(),
+            HARDEN_JS.as_bytes(),
+            std::any::type_name::<CompilerIntrinsics>().as_bytes(),
+            std::any::type_name::<GuestIntrinsics>().as_bytes(),
+            platform.as_bytes(),
+        ] {
+            hash.update((part.len() as u64).to_le_bytes());
+            hash.update(part);
+        }
+        hash.finalize().into()
+    })
+}
 
 /// Rust-side state a realm's natives read (no JavaScript values: no cycles).
 pub(crate) struct RealmShared {
@@ -50,7 +93,7 @@ pub(crate) struct Engine {
     /// the worker then replaces the whole engine.
     pub(crate) poisoned: bool,
     compiler: Context,
-    harden: Vec<u8>,
+    harden: Bytecode,
     pub(crate) classes: ClassIds,
     cache: BytecodeCache,
     pub(crate) guard: Rc<RunGuard>,
@@ -59,6 +102,7 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
+    /// A fresh runtime with a default bytecode cache (see [`Engine::configure_cache`]).
     pub(crate) fn new() -> Result<Engine, RunError> {
         let meter = HeapMeter::new();
         let runtime = Runtime::new_with_alloc(MeteredAllocator { meter: meter.clone() })
@@ -98,7 +142,7 @@ impl Engine {
             compiler,
             harden,
             classes,
-            cache: BytecodeCache::default(),
+            cache: BytecodeCache::new(BytecodeCacheConfig::default()),
             guard,
             meter,
             runtime,
@@ -142,18 +186,27 @@ impl Engine {
         }
     }
 
-    /// Bytecode for `source`, from the cache or compiled now.
-    pub(crate) fn bytecode(&mut self, source: &str, hash: &[u8; 32]) -> Result<Rc<[u8]>, RunError> {
-        if let Some(code) = self.cache.get(hash) {
-            return Ok(code);
+    /// Applies the runner's bytecode cache bounds.
+    pub(crate) fn configure_cache(&mut self, config: BytecodeCacheConfig) {
+        self.cache.configure(config);
+    }
+
+    /// Bytecode for `source`, from the cache or compiled now, and which it was.
+    pub(crate) fn bytecode(&mut self, source: &str, hash: &[u8; 32]) -> Result<(Bytecode, CacheLookup), RunError> {
+        let key = CacheKey { source: *hash, engine: engine_version() };
+        if let Some(code) = self.cache.get(&key, Instant::now()) {
+            return Ok((code, CacheLookup::Hit));
         }
-        let code: Rc<[u8]> = self
-            .compiler
+        let code = self.compile(source)?;
+        self.cache.insert(key, code.clone(), Instant::now());
+        Ok((code, CacheLookup::Miss))
+    }
+
+    /// Compiles `source` (a function body) with this engine's compiler.
+    pub(crate) fn compile(&self, source: &str) -> Result<Bytecode, RunError> {
+        self.compiler
             .with(|ctx| js::compile_script(&ctx, source))
-            .map_err(|message| RunError::new(ErrorCode::Error, message))?
-            .into();
-        self.cache.insert(*hash, code.clone());
-        Ok(code)
+            .map_err(|message| RunError::new(ErrorCode::Error, message))
     }
 
     /// Frees the last run's realm. A realm is full of reference cycles, so it
@@ -170,36 +223,6 @@ impl Engine {
     /// Runs one job to its outcome.
     pub(crate) fn execute(&mut self, job: &mut Job) -> Result<RawOutcome, RunError> {
         super::execution::execute(self, job)
-    }
-}
-
-/// Compiled scripts by source hash, evicted oldest first.
-#[derive(Default)]
-struct BytecodeCache {
-    entries: HashMap<[u8; 32], Rc<[u8]>>,
-    order: VecDeque<[u8; 32]>,
-    bytes: usize,
-}
-
-impl BytecodeCache {
-    fn get(&self, hash: &[u8; 32]) -> Option<Rc<[u8]>> {
-        self.entries.get(hash).cloned()
-    }
-
-    fn insert(&mut self, hash: [u8; 32], code: Rc<[u8]>) {
-        if code.len() > BYTECODE_CACHE_BYTES / 4 {
-            return;
-        }
-        self.bytes += code.len();
-        if self.entries.insert(hash, code).is_none() {
-            self.order.push_back(hash);
-        }
-        while self.entries.len() > BYTECODE_CACHE_ENTRIES || self.bytes > BYTECODE_CACHE_BYTES {
-            let Some(oldest) = self.order.pop_front() else { break };
-            if let Some(old) = self.entries.remove(&oldest) {
-                self.bytes -= old.len();
-            }
-        }
     }
 }
 
@@ -223,6 +246,15 @@ mod tests {
         }
         let grown = engine.meter.used().saturating_sub(baseline);
         assert!(grown <= 2 * GC_HEADROOM, "2,000 retired realms left {grown} bytes behind");
+    }
+
+    /// A new rquickjs release must change the engine version (and so every cache key).
+    #[test]
+    fn the_engine_version_names_the_locked_rquickjs_release() {
+        let lock = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../Cargo.lock")).unwrap();
+        let locked = lock.split("[[package]]").find(|p| p.contains("name = \"rquickjs\"\n")).unwrap();
+        assert!(locked.contains(&format!("version = \"{RQUICKJS_VERSION}\"")), "{locked}");
+        assert_eq!(engine_version(), engine_version());
     }
 }
 

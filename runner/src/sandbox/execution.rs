@@ -11,11 +11,12 @@
 use super::console::ConsoleBuffer;
 use super::engine::{Engine, GC_HEADROOM, Realm, RealmShared};
 use super::interrupt::RunGuard;
-use super::js;
+use super::js::{self, Bytecode};
 use super::serialize::{ClassIds, MAX_DEPTH, Mode, SerializeError, Serializer, js_string};
 use super::stack_guard::{StackGuard, stack_pointer};
 use crate::determinism::{SeededRandom, wall_clock_ms};
 use crate::error::{ErrorCode, RunError};
+use crate::event::{CallSettlement, EventSink, RunEvent};
 use crate::job::{Job, RawOutcome, WorkerMessage};
 use crate::limits::Limit;
 use crate::link::{CallRequest, HostLink};
@@ -43,7 +44,9 @@ const CONSOLE_ARGUMENT_BYTES: usize = 16 * 1024;
 pub(crate) fn execute(engine: &mut Engine, job: &mut Job) -> Result<RawOutcome, RunError> {
     let started = Instant::now();
     let deadline = started + job.limits.timeout();
-    let code = engine.bytecode(&job.source, &job.source_hash)?;
+    engine.configure_cache(job.cache);
+    let (code, lookup) = engine.bytecode(&job.source, &job.source_hash)?;
+    job.lookup = Some(lookup);
     let realm = engine.take_realm()?;
 
     let stack_size = job.limits.usize(Limit::Stack);
@@ -82,7 +85,7 @@ fn run_in_realm(
     guard: Rc<RunGuard>,
     classes: ClassIds,
     job: &mut Job,
-    code: &[u8],
+    code: &Bytecode,
     deadline: Instant,
 ) -> Result<RawOutcome, RunError> {
     realm.context.with(|ctx| {
@@ -116,6 +119,8 @@ struct RunEnv<'js> {
     max_in_flight: usize,
     argument_bytes: usize,
     output_bytes: usize,
+    /// Where live events go, when someone listens.
+    events: Option<Box<dyn EventSink>>,
     bridge: RefCell<Bridge<'js>>,
 }
 
@@ -198,6 +203,7 @@ impl<'js> RunEnv<'js> {
             max_in_flight: limits.usize(Limit::HostCallsInFlight),
             argument_bytes: limits.usize(Limit::HostCallArguments),
             output_bytes: limits.usize(Limit::HostCallOutput),
+            events: job.events.take(),
             bridge: RefCell::new(Bridge {
                 recorded: ledger.len(),
                 replaying: !ledger.is_empty(),
@@ -226,6 +232,13 @@ impl<'js> RunEnv<'js> {
         bridge.our_errors.clear();
         bridge.ready.clear();
         self.realm_functions.borrow_mut().take();
+    }
+
+    /// Reports a live event made by `event`, which runs only when someone listens.
+    fn emit(&self, event: impl FnOnce() -> RunEvent) {
+        if let Some(sink) = &self.events {
+            sink.emit(event());
+        }
     }
 
     /// Records `error` as the run's end and throws past every `catch`.
@@ -284,6 +297,7 @@ impl<'js> RunEnv<'js> {
             let entry = &bridge.ledger[index as usize - 1];
             (entry.function.clone(), entry.arguments.clone())
         };
+        self.emit(|| RunEvent::CallStarted { index, name: function.clone() });
         let request = CallRequest {
             logical_run_id: &self.logical_run_id,
             index,
@@ -378,7 +392,10 @@ fn console_write<'js>(ctx: &Ctx<'js>, env: &RunEnv<'js>, level: ConsoleLevel, ar
         };
         parts.push(text);
     }
-    env.bridge.borrow_mut().console.push(level, parts.join(" "));
+    let mut bridge = env.bridge.borrow_mut();
+    if let Some(line) = bridge.console.push(level, parts.join(" ")) {
+        env.emit(|| RunEvent::Console { level: line.level, text: line.text.clone() });
+    }
 }
 
 /// Counts one use of the bridge against the host-call limit.
@@ -441,7 +458,10 @@ fn host_call<'js>(
             return Err(env.fatal(ctx, RunError::protocol(message)));
         }
         if matches!(entry.outcome, CallOutcome::Interrupted(_)) && bridge.resolutions.contains_key(&index) {
+            // Runs again, live, once the replay has matched (reported then).
             bridge.held.push(index);
+        } else {
+            env.emit(|| RunEvent::CallReplayed { index, name: function.to_string() });
         }
         bridge.promises.insert(index, (resolve, reject));
         return Ok(promise.into_value());
@@ -500,7 +520,7 @@ enum Step {
 }
 
 impl<'js> Driver<'_, 'js> {
-    fn run(&self, code: &[u8], deadline: Instant) -> Result<RawOutcome, RunError> {
+    fn run(&self, code: &Bytecode, deadline: Instant) -> Result<RawOutcome, RunError> {
         let main = match js::load(&self.ctx, code) {
             Ok(main) => main,
             Err(thrown) => return Err(self.failure(thrown)),
@@ -733,6 +753,11 @@ impl<'js> Driver<'_, 'js> {
                 ),
             )));
         }
+        env.emit(|| RunEvent::CallCompleted {
+            index,
+            name: function.clone(),
+            outcome: CallSettlement::of(index, &outcome),
+        });
         let mut bridge = env.bridge.borrow_mut();
         bridge.in_flight -= 1;
         let settle_order = (!matches!(outcome, CallOutcome::Interrupted(_))).then(|| {

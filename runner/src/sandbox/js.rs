@@ -4,15 +4,29 @@ use super::serialize::js_string;
 use crate::text::truncate;
 use rquickjs::{Ctx, Value, qjs};
 use std::ffi::CString;
+use std::rc::Rc;
 
 /// File name scripts are compiled under; error positions name it.
 pub(crate) const SCRIPT_FILE: &str = "script.js";
 /// Lines the wrapper adds before the user's first line.
 const WRAPPER_LINES: u32 = 1;
 
+/// Bytecode made by this process's own compiler. Only [`compile`] makes one and
+/// [`load`] takes nothing else, so no bytecode from outside (a request, a
+/// continuation, a file) can ever reach the engine's loader, which trusts its input.
+#[derive(Clone)]
+pub(crate) struct Bytecode(Rc<[u8]>);
+
+impl Bytecode {
+    /// Its size in bytes.
+    pub(crate) fn len(&self) -> usize {
+        self.0.len()
+    }
+}
+
 /// Compiles `text` in `ctx` (which must have the eval intrinsic) to bytecode.
 /// On failure returns the engine's error text, positions already mapped.
-pub(crate) fn compile(ctx: &Ctx<'_>, text: &str, file: &str, line_offset: u32) -> Result<Vec<u8>, String> {
+pub(crate) fn compile(ctx: &Ctx<'_>, text: &str, file: &str, line_offset: u32) -> Result<Bytecode, String> {
     let raw = ctx.as_raw().as_ptr();
     let Ok(input) = CString::new(text) else {
         return Err("SyntaxError: the source contains a NUL character".into());
@@ -37,9 +51,9 @@ pub(crate) fn compile(ctx: &Ctx<'_>, text: &str, file: &str, line_offset: u32) -
             let _ = ctx.catch();
             return Err("InternalError: out of memory while compiling".into());
         }
-        let bytes = std::slice::from_raw_parts(buf, size as usize).to_vec();
+        let bytes: Rc<[u8]> = std::slice::from_raw_parts(buf, size as usize).into();
         qjs::js_free(raw, buf.cast());
-        Ok(bytes)
+        Ok(Bytecode(bytes))
     }
 }
 
@@ -53,13 +67,14 @@ pub(crate) fn wrap_source(source: &str) -> String {
 }
 
 /// Compiles a user script; positions in errors refer to the user's lines.
-pub(crate) fn compile_script(ctx: &Ctx<'_>, source: &str) -> Result<Vec<u8>, String> {
+pub(crate) fn compile_script(ctx: &Ctx<'_>, source: &str) -> Result<Bytecode, String> {
     compile(ctx, &wrap_source(source), SCRIPT_FILE, WRAPPER_LINES)
 }
 
 /// Loads bytecode this process compiled and evaluates it in `ctx`.
-pub(crate) fn load<'js>(ctx: &Ctx<'js>, bytecode: &[u8]) -> Result<Value<'js>, Value<'js>> {
+pub(crate) fn load<'js>(ctx: &Ctx<'js>, bytecode: &Bytecode) -> Result<Value<'js>, Value<'js>> {
     let raw = ctx.as_raw().as_ptr();
+    let bytecode = &bytecode.0;
     unsafe {
         let object = qjs::JS_ReadObject(raw, bytecode.as_ptr(), bytecode.len() as _, qjs::JS_READ_OBJ_BYTECODE as i32);
         if qjs::JS_IsException(object) {

@@ -1,6 +1,7 @@
 //! The QuickJS side of a run: one [`Engine`] per worker thread.
 
 mod alloc;
+mod bytecode;
 mod console;
 mod engine;
 mod execution;

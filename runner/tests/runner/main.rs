@@ -2,8 +2,10 @@
 
 mod basics;
 mod bridge;
+mod bytecode;
 mod common;
 mod continuations;
+mod events;
 mod limits;
 mod process;
 mod sandbox;

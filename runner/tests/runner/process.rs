@@ -12,7 +12,7 @@ const WORKER: &str = env!("CARGO_BIN_EXE_resumable-worker");
 
 /// A runner whose workers carry `tag` on their command line (the worker
 /// program ignores it), so a test can find its own children.
-fn process_runner(workers: usize, tag: &str) -> Runner {
+pub fn process_runner(workers: usize, tag: &str) -> Runner {
     let codec = SignedCodec::new(SignedCodecConfig::new(SECRET)).unwrap();
     let processes = ProcessConfig::new(WORKER).arg(format!("--tag={tag}"));
     Runner::new(RunnerConfig::new().workers(workers).codec(codec).processes(processes)).unwrap()
