@@ -198,6 +198,43 @@ fn events_print_as_ndjson_before_the_status_line() {
     assert_usage_error(&output, "timeout_ms");
 }
 
+#[test]
+fn demo_events_show_two_host_calls_and_a_console_line_in_order() {
+    let source = "const order = await orders.get('A-1001');
+        console.log('order', order.id);
+        const listed = await orders.list({ limit: 2 });
+        return listed.length;";
+    let output = run_source(source, &["--demo", "--events"]);
+    assert_eq!(output.status.code(), Some(0), "{}", stderr(&output));
+    let lines = json_lines(&output);
+    let kinds: Vec<(&str, Value)> =
+        lines.iter().map(|l| (l["type"].as_str().or(l["status"].as_str()).unwrap_or("?"), l["name"].clone())).collect();
+    assert_eq!(
+        kinds,
+        vec![
+            ("call_started", json!("orders.get")),
+            ("call_completed", json!("orders.get")),
+            ("console", Value::Null),
+            ("call_started", json!("orders.list")),
+            ("call_completed", json!("orders.list")),
+            ("completed", Value::Null),
+            ("completed", Value::Null),
+        ],
+        "{lines:?}"
+    );
+    assert_eq!((&lines[0]["index"], &lines[3]["index"]), (&json!(1), &json!(2)));
+    assert_eq!(lines[1]["outcome"]["value"]["id"], "A-1001");
+    assert_eq!(lines[2], json!({ "type": "console", "level": "log", "text": "order A-1001" }));
+    assert_eq!(lines[6]["value"], 2);
+
+    let output = run_source("return await orders.refund('A-1002', 100)", &["--demo"]);
+    assert_eq!(output.status.code(), Some(3), "{}", stderr(&output));
+    let report = report(&output);
+    assert_eq!(report["status"], "interrupted");
+    assert_eq!(report["interruptions"][0]["id"], "interrupt-1");
+    assert_eq!(report["interruptions"][0]["payload"]["orderId"], "A-1002");
+}
+
 /// Drives the `approval_cli` example through its prompt. `cargo test` builds examples
 /// next to the test binaries; when it is missing or older than its source (for example
 /// after `cargo test --test cli`), the test says so and checks nothing.

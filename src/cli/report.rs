@@ -1,6 +1,6 @@
 //! The one JSON line a run prints on stdout, and the exit status that goes with it.
 
-use resumable::{ConsoleLine, ErrorCode, Outcome, RunError};
+use resumable::{ConsoleLine, ErrorCode, Interruption, Outcome, RunError};
 use serde::Serialize;
 use serde_json::Value;
 use std::io::Write;
@@ -10,6 +10,8 @@ use std::process::ExitCode;
 const EXIT_COMPLETED: u8 = 0;
 /// Exit status when the run failed (script error or limit).
 const EXIT_FAILED: u8 = 1;
+/// Exit status when a host function asked for approval (only `run --demo` offers one).
+const EXIT_INTERRUPTED: u8 = 3;
 
 /// What a run printed: `{"status":"completed",…}` or `{"status":"failed",…}`.
 #[derive(Debug, Serialize)]
@@ -19,6 +21,13 @@ pub enum Report<'a> {
     Completed {
         /// The returned value (`undefined` is `null`).
         value: &'a Value,
+        /// Console output of the run.
+        console: &'a [ConsoleLine],
+    },
+    /// A host function asked for a decision; the run stopped there.
+    Interrupted {
+        /// What is waiting for a decision.
+        interruptions: &'a [Interruption],
         /// Console output of the run.
         console: &'a [ConsoleLine],
     },
@@ -55,6 +64,7 @@ impl<'a> Report<'a> {
     pub fn print(&self) -> ExitCode {
         let status = match self {
             Report::Completed { .. } => EXIT_COMPLETED,
+            Report::Interrupted { .. } => EXIT_INTERRUPTED,
             Report::Failed { .. } => EXIT_FAILED,
         };
         let line = serde_json::to_string(self).expect("a report always serializes");
@@ -67,14 +77,12 @@ impl<'a> Report<'a> {
     }
 }
 
-/// Prints the result of a run that has no host functions.
+/// Prints the result of a run.
 pub fn print_outcome(result: &Result<Outcome, RunError>) -> ExitCode {
     match result {
         Ok(Outcome::Completed(done)) => Report::Completed { value: &done.value, console: &done.console }.print(),
-        Ok(Outcome::Interrupted(_)) => {
-            // Only a host function can interrupt, and `run` offers none.
-            let error = RunError::new(ErrorCode::Error, "internal error: the run interrupted without host functions");
-            Report::failed(&error).print()
+        Ok(Outcome::Interrupted(stop)) => {
+            Report::Interrupted { interruptions: &stop.interruptions, console: &stop.console }.print()
         }
         Err(error) => Report::failed(error).print(),
     }

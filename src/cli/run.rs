@@ -3,9 +3,14 @@
 use super::report::print_outcome;
 use super::usage_error;
 use clap::Args;
+use resumable::db::AppDb;
+use resumable::orders::OrderBook;
 use resumable::runner::LimitError;
 use resumable::runner::process::ProcessConfig;
-use resumable::{Limit, LimitOverrides, Outcome, RunError, RunRequest, Runner, RunnerConfig};
+use resumable::{
+    HostFunctions, Limit, LimitOverrides, Outcome, RunError, RunRequest, Runner, RunnerConfig, SignedCodec,
+    SignedCodecConfig,
+};
 use serde_json::Value;
 use std::io::Read;
 use std::path::{Path, PathBuf};
@@ -16,7 +21,7 @@ pub const RUN_LONG_ABOUT: &str = "Run a script in the sandbox and print its outc
 
 The script is the body of an async function: top-level `await` and `return` are allowed, and \
 the returned JSON-compatible value is the result. No host functions are available, so the \
-script cannot reach anything outside the sandbox.";
+script cannot reach anything outside the sandbox, unless --demo gives it the demo order system.";
 
 const RUN_AFTER_HELP: &str = "\
 Output: exactly one JSON line on stdout, for example
@@ -30,7 +35,14 @@ With --events, one JSON line per event comes first, written as it happens (NDJSO
   {\"type\":\"completed\",\"value\":42}
   {\"status\":\"completed\",\"value\":42,\"console\":[{\"level\":\"log\",\"text\":\"hi\"}]}
 
-Exit status: 0 completed, 1 failed (script error or limit), 2 usage error (nothing on stdout).
+With --demo the script sees orders.get(id), orders.list({status?, limit?}) and
+orders.refund(id, amount) of tenant acme on a throwaway database seeded with the demo orders
+(A-1001 to A-1003). A refund asks for approval, so the run ends interrupted:
+  {\"status\":\"interrupted\",\"interruptions\":[{\"id\":\"interrupt-2\",\"function\":\"orders.refund\",…}],\"console\":[]}
+(the approval service, `resumable serve`, is where such a run is decided and resumed).
+
+Exit status: 0 completed, 1 failed (script error or limit), 2 usage error (nothing on stdout),
+3 interrupted (only with --demo).
 
 Example: echo 'console.log(\"hi\"); return 6 * 7' | resumable run -";
 
@@ -67,6 +79,11 @@ pub struct RunArgs {
     /// Print the run's events as NDJSON while it runs, before the final status line.
     #[arg(long)]
     events: bool,
+
+    /// Give the script the demo order system (orders.get, orders.list, orders.refund of tenant
+    /// acme) on a throwaway database; a refund ends the run interrupted.
+    #[arg(long)]
+    demo: bool,
 }
 
 impl RunArgs {
@@ -93,25 +110,84 @@ pub fn execute(args: RunArgs) -> ExitCode {
         Err(err) => return usage_error(format_args!("cannot read the script {}: {err}", args.file.display())),
     };
     let request = RunRequest::new(source).limits(overrides).context(args.context.unwrap_or(Value::Null));
-    print_outcome(&run_once(request, args.events))
+    print_outcome(&run_once(request, args.events, args.demo))
 }
 
 /// Runs one request on a one-worker runner inside a fresh tokio runtime,
-/// writing its events to stdout as they happen when `events` is set.
-fn run_once(request: RunRequest, events: bool) -> Result<Outcome, RunError> {
+/// writing its events to stdout as they happen when `events` is set, with the
+/// demo order system's host functions when `demo` is set.
+fn run_once(request: RunRequest, events: bool, demo: bool) -> Result<Outcome, RunError> {
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
         .build()
         .map_err(|err| RunError::internal(format!("cannot start the async runtime: {err}")))?;
-    // A script with no host functions cannot interrupt, so no continuation secret is needed.
     // Scripts run in a killable worker process: this same program, as `resumable __worker`.
     let processes = ProcessConfig::current_exe()
         .map_err(|err| RunError::internal(format!("cannot find this program to start a worker: {err}")))?;
-    let runner =
-        Runner::new(RunnerConfig::new().workers(1).processes(processes)).map_err(|err| RunError::internal(err.0))?;
+    let mut config = RunnerConfig::new().workers(1).processes(processes);
+    let mut request = request;
+    let demo_db = if demo {
+        let (db, host) = tokio.block_on(DemoOrders::open())?;
+        // The continuation of an interrupted demo run is never resumed: a random secret will do.
+        config = config.codec(random_signed_codec()?);
+        request = request.host(host);
+        Some(db)
+    } else {
+        None
+    };
+    let runner = Runner::new(config).map_err(|err| RunError::internal(err.0))?;
     let run = runner.start(request);
-    if events { tokio.block_on(run.pipe(tokio::io::stdout())) } else { tokio.block_on(run.outcome()) }
+    let result = if events { tokio.block_on(run.pipe(tokio::io::stdout())) } else { tokio.block_on(run.outcome()) };
+    if let Some(db) = demo_db {
+        db.remove();
+    }
+    result
+}
+
+/// The demo order system on a database in a directory of its own, removed after the run.
+struct DemoOrders {
+    dir: PathBuf,
+    db: AppDb,
+}
+
+impl DemoOrders {
+    async fn open() -> Result<(DemoOrders, HostFunctions), RunError> {
+        let mut suffix = [0u8; 8];
+        getrandom::fill(&mut suffix).map_err(|err| RunError::internal(format!("no randomness: {err}")))?;
+        let hex: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
+        let dir = std::env::temp_dir().join(format!("resumable-run-demo-{}-{hex}", std::process::id()));
+        std::fs::create_dir_all(&dir)
+            .map_err(|err| RunError::internal(format!("cannot create {}: {err}", dir.display())))?;
+        let url = format!("sqlite://{}", dir.join("demo.db").display());
+        let opened = async {
+            let db = AppDb::open(&url).await?;
+            let orders = OrderBook::new(db.clone());
+            orders.seed_demo().await?;
+            Ok::<_, resumable::db::DbError>((db, orders.host_functions(DEMO_TENANT)))
+        };
+        match opened.await {
+            Ok((db, host)) => Ok((DemoOrders { dir, db }, host)),
+            Err(err) => {
+                let _ = std::fs::remove_dir_all(&dir);
+                Err(RunError::internal(format!("cannot open the demo orders: {err}")))
+            }
+        }
+    }
+
+    fn remove(self) {
+        drop(self.db);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// The tenant whose demo orders `--demo` offers.
+const DEMO_TENANT: &str = "acme";
+
+fn random_signed_codec() -> Result<SignedCodec, RunError> {
+    let mut secret = [0u8; 32];
+    getrandom::fill(&mut secret).map_err(|err| RunError::internal(format!("no randomness: {err}")))?;
+    SignedCodec::new(SignedCodecConfig::new(secret.to_vec())).map_err(|err| RunError::internal(err.to_string()))
 }
 
 /// Reads the script from `path`, or from stdin when `path` is `-`.
