@@ -19,7 +19,7 @@ use crate::hook::{HookInfo, ResumeReceipt};
 use crate::ids::{RunId, random_hex};
 use crate::registry::Registry;
 use crate::run::{RunFilter, RunInfo, RunPage, RunStatus, StartOptions};
-use crate::store::{NewRun, Store};
+use crate::store::{NewRun, Store, WakeHints};
 use crate::stream::StreamReader;
 use crate::worker;
 
@@ -147,19 +147,26 @@ impl EngineBuilder {
     }
 }
 
-/// Turns the store's cross-process wake-up hints into this engine's local wake-ups.
+/// Turns the store's cross-process wake-up hints into this engine's local wake-ups: a worker looks
+/// for work only when a run may have become runnable; waiters for runs and streams look on every
+/// change.
 async fn forward_wake_signal(
-    mut signal: watch::Receiver<u64>,
+    mut signal: watch::Receiver<WakeHints>,
     shared: std::sync::Weak<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
+    let mut seen = *signal.borrow_and_update();
     loop {
         tokio::select! {
             changed = signal.changed() => if changed.is_err() { return },
             changed = shutdown.changed() => if changed.is_err() || *shutdown.borrow() { return },
         }
+        let hints = *signal.borrow_and_update();
         let Some(shared) = shared.upgrade() else { return };
-        shared.wake.notify_one();
+        if hints.work != seen.work {
+            shared.wake.notify_one();
+        }
+        seen = hints;
         shared.changed.notify_waiters();
         shared.streamed.notify_waiters();
     }

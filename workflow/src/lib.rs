@@ -60,7 +60,7 @@ pub use registry::WorkflowFn;
 pub use run::{RunCursor, RunFilter, RunInfo, RunPage, RunStatus, StartOptions};
 pub use step::{RetryPolicy, StepContext};
 pub use store::HookPayload;
-pub use store::Store;
 pub use store::postgres::{PgStore, PgStoreOptions};
 pub use store::sqlite::{SqliteStore, SqliteStoreOptions};
+pub use store::{Store, WakeHints};
 pub use stream::StreamReader;

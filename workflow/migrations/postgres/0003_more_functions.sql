@@ -34,7 +34,8 @@ BEGIN
 END $$;
 
 -- Ends the execution: the run waits (or is pending again when a payload arrived meanwhile);
--- returns the new status. p_channel, when not NULL, is notified at commit.
+-- returns the new status. p_channel, when not NULL, is notified at commit: 'work' when the run is
+-- runnable now or at a time, 'changed' when only an outside event can wake it.
 CREATE FUNCTION resumable_suspend_run(p_run TEXT, p_lease BIGINT, p_wake_at BIGINT, p_kind TEXT, p_channel TEXT,
     p_now BIGINT)
 RETURNS TEXT
@@ -48,7 +49,8 @@ BEGIN
     WHERE id = p_run RETURNING status INTO v_status;
     PERFORM resumable_append(p_run, p_kind, jsonb_build_object('wake_at', p_wake_at, 'status', v_status), p_now);
     IF p_channel IS NOT NULL THEN
-        PERFORM pg_notify(p_channel, '');
+        PERFORM pg_notify(p_channel,
+            CASE WHEN v_status = 'pending' OR p_wake_at IS NOT NULL THEN 'work' ELSE 'changed' END);
     END IF;
     RETURN v_status;
 END $$;
@@ -81,6 +83,6 @@ BEGIN
         status = CASE WHEN r.status = 'waiting' THEN 'pending' ELSE r.status END
     WHERE r.id = o_run AND r.status IN ('pending', 'running', 'waiting');
     IF p_channel IS NOT NULL THEN
-        PERFORM pg_notify(p_channel, '');
+        PERFORM pg_notify(p_channel, 'work');
     END IF;
 END $$;

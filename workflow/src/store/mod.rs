@@ -292,15 +292,27 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     }
 }
 
+/// What another process announced, as counters that only grow (so that hints coalesced by a
+/// [`watch`] channel are never lost): `work` counts hints that a run may have become runnable,
+/// `changes` every hint (work included).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WakeHints {
+    /// Hints that a run may have become runnable.
+    pub work: u64,
+    /// Hints that a run may have changed.
+    pub changes: u64,
+}
+
 /// The storage backend of the engine.
 ///
 /// All methods are safe to call concurrently, from many engines and processes sharing a database.
 pub trait Store: Send + Sync + 'static {
-    /// A counter the backend bumps whenever another process sharing the database may have made a
-    /// run runnable or changed one (a wake-up hint, such as PostgreSQL's `NOTIFY`). Every engine
-    /// subscribes and treats a change like a local wake-up; polling remains the fallback. `None`
-    /// (the default) when the backend has no such channel.
-    fn wake_signal(&self) -> Option<watch::Receiver<u64>> {
+    /// Counters the backend bumps whenever another process sharing the database may have made a
+    /// run runnable, or changed one (wake-up hints, such as PostgreSQL's `NOTIFY`). Every engine
+    /// subscribes: new work wakes a worker to claim it, a change wakes whoever waits for runs or
+    /// streams; polling remains the fallback. `None` (the default) when the backend has no such
+    /// channel.
+    fn wake_signal(&self) -> Option<watch::Receiver<WakeHints>> {
         None
     }
 

@@ -35,7 +35,7 @@ use tokio::task::JoinHandle;
 use super::{
     BoxFuture, ClaimRequest, ClaimedRun, CreatedRun, EmitRecord, Fence, HookCreation, HookPayload, HookRecord,
     HookState, NewRun, OpRecord, RunHistory, RunOutcome, StepRecord, StepState, StepUpdate, Store, WaitRecord,
-    WaitResolution, WaitState, refuse_newer_schema,
+    WaitResolution, WaitState, WakeHints, refuse_newer_schema,
 };
 use crate::error::StoreError;
 use crate::event::{Event, EventKind};
@@ -56,6 +56,12 @@ const MIGRATION_LOCK: i64 = 0x7265_7375_6d61_626c;
 
 /// How often a transaction that hit a deadlock or a serialization failure is tried in all.
 const TRANSACTION_TRIES: u32 = 5;
+
+/// The notification payload that announces a run that may have become runnable.
+const WORK: &str = "work";
+/// The notification payload that announces a change no worker needs to claim (a run that ended
+/// without waking another, or that waits for nothing but an outside event).
+const CHANGED: &str = "changed";
 
 /// The longest PostgreSQL identifier (schema and channel names), in bytes.
 const MAX_IDENTIFIER: usize = 63;
@@ -103,7 +109,7 @@ pub struct PgStore {
     pool: PgPool,
     /// The notification channel, or `None` when notifications are off.
     channel: Option<Arc<str>>,
-    wake: Option<watch::Receiver<u64>>,
+    wake: Option<watch::Receiver<WakeHints>>,
     listener: Arc<ListenerHandle>,
 }
 
@@ -261,7 +267,7 @@ impl PgStore {
                 .map_err(db)?;
             // Listening before `open` returns: no notification sent after it is missed.
             let listener = listen(&listen_pool, &channel).await.map_err(db)?;
-            let (bump, wake) = watch::channel(0u64);
+            let (bump, wake) = watch::channel(WakeHints::default());
             let (stop, stopped) = oneshot::channel();
             let task = tokio::spawn(listen_loop(listen_pool, channel.clone(), listener, bump, stopped));
             store.channel = Some(Arc::from(channel));
@@ -286,10 +292,15 @@ impl PgStore {
         Ok(self.pool.begin().await?)
     }
 
-    /// Queues a wake-up notification, delivered when the transaction commits.
+    /// Queues a notification that a run may have become runnable, delivered at commit.
     async fn notify(&self, conn: &mut PgConnection) -> Tx<()> {
+        self.announce(conn, WORK).await
+    }
+
+    /// Queues notification `payload` ([`WORK`] or [`CHANGED`]), delivered at commit.
+    async fn announce(&self, conn: &mut PgConnection, payload: &str) -> Tx<()> {
         if let Some(channel) = &self.channel {
-            sqlx::query("SELECT pg_notify($1, '')").bind(&**channel).execute(conn).await?;
+            sqlx::query("SELECT pg_notify($1, $2)").bind(&**channel).bind(payload).execute(conn).await?;
         }
         Ok(())
     }
@@ -304,16 +315,26 @@ fn listen<'a>(pool: &'a PgPool, channel: &'a str) -> BoxFuture<'a, Result<PgList
     })
 }
 
-/// Bumps `bump` on every notification until `stop` fires or is dropped. A lost connection is
-/// re-established (with backoff) and followed by one bump: notifications may have been missed.
+/// Bumps the counters of `bump` on every notification until `stop` fires or is dropped: a
+/// [`CHANGED`] notification counts as a change, any other as work. A lost connection is
+/// re-established (with backoff) and followed by one bump of both: notifications may have been
+/// missed.
 async fn listen_loop(
     pool: PgPool,
     channel: String,
     listener: PgListener,
-    bump: watch::Sender<u64>,
+    bump: watch::Sender<WakeHints>,
     mut stop: oneshot::Receiver<()>,
 ) {
-    let signal = || bump.send_modify(|n| *n = n.wrapping_add(1));
+    let hint = |work: bool| {
+        bump.send_modify(|h| {
+            h.changes = h.changes.wrapping_add(1);
+            if work {
+                h.work = h.work.wrapping_add(1);
+            }
+        })
+    };
+    let signal = || hint(true);
     let mut listener = Some(listener);
     let mut delay = Duration::from_millis(50);
     'run: loop {
@@ -339,9 +360,12 @@ async fn listen_loop(
         tokio::select! {
             _ = &mut stop => break 'run,
             received = current.try_recv() => match received {
-                Ok(Some(_)) => {
-                    while current.next_buffered().is_some() {}
-                    signal();
+                Ok(Some(first)) => {
+                    let mut work = first.payload() != CHANGED;
+                    while let Some(next) = current.next_buffered() {
+                        work |= next.payload() != CHANGED;
+                    }
+                    hint(work);
                 }
                 // The connection was lost and re-established.
                 Ok(None) => signal(),
@@ -918,10 +942,14 @@ impl PgStore {
         .execute(&mut *tx)
         .await?;
         append(&mut tx, &fence.run_id, kind, payload, now).await?;
-        if let Some(parent) = parent {
+        // Only a woken parent is work for another engine; waiters for this run are told of the change.
+        let announcement = if let Some(parent) = parent {
             wake_run(&mut tx, &parent, now).await?;
-        }
-        self.notify(&mut tx).await?;
+            WORK
+        } else {
+            CHANGED
+        };
+        self.announce(&mut tx, announcement).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -1003,7 +1031,7 @@ impl PgStore {
 }
 
 impl Store for PgStore {
-    fn wake_signal(&self) -> Option<watch::Receiver<u64>> {
+    fn wake_signal(&self) -> Option<watch::Receiver<WakeHints>> {
         self.wake.clone()
     }
 
@@ -1422,6 +1450,21 @@ mod tests {
         let wait = Duration::from_secs(5);
         writer.create_run(new_run("w")).await.unwrap();
         tokio::time::timeout(wait, signal.changed()).await.expect("notified of a new run").unwrap();
+        let created = *signal.borrow_and_update();
+        assert!(created.work >= 1 && created.changes >= created.work, "{created:?}");
+        // A run that ends without a parent to wake is a change, not work for anyone.
+        let request =
+            ClaimRequest { owner: "hints".into(), workflows: vec!["w".into()], lease: Duration::from_secs(30) };
+        let claimed = writer.claim(&request).await.unwrap().expect("the run is claimed");
+        writer.finish_run(&claimed.fence, RunOutcome::Completed(json!(1))).await.unwrap();
+        tokio::time::timeout(wait, async {
+            while signal.borrow_and_update().changes == created.changes {
+                signal.changed().await.unwrap();
+            }
+        })
+        .await
+        .expect("told of the change");
+        assert_eq!(signal.borrow().work, created.work, "an ended run wakes no worker");
         // A store without notifications neither sends nor listens.
         let quiet =
             PgStore::open_with(&url, PgStoreOptions { notifications: false, ..options(&schema) }).await.unwrap();
