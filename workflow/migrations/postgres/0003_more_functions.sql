@@ -43,6 +43,9 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_status TEXT;
 BEGIN
+    -- Losing a suspension in a crash of the server only leaves the run running under a lease that
+    -- expires, after which it is replayed; WAL order keeps it ahead of anything written after it.
+    PERFORM set_config('synchronous_commit', 'off', true);
     PERFORM resumable_fence(p_run, p_lease);
     UPDATE runs SET status = CASE WHEN wake_requested THEN 'pending' ELSE 'waiting' END,
         wake_at = p_wake_at, wake_requested = FALSE, lease_owner = NULL, lease_expires_at = NULL
