@@ -698,11 +698,10 @@ impl PgStore {
         let now = now_ms();
         // One statement, so one short transaction: pick the due run (skipping runs that another
         // transaction holds: being claimed, or written by their execution), stamp the lease and
-        // append `run_started`. Its commit does not wait for the WAL flush: a claim lost in a crash
-        // of the server leaves the old lease to expire, and WAL order keeps it ahead of anything the
-        // execution writes.
+        // append `run_started`. Its commit waits for the WAL flush: a claim lost in a crash of the
+        // server while its worker lives on would let the next claim hand out the same lease attempt.
         let row = sqlx::query(
-            "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), due AS (
+            "WITH due AS (
                  SELECT id FROM runs WHERE ready_at <= $1 AND workflow = ANY($2)
                    -- An engine never takes over its own leases (it is alive; a restart has a new name).
                    AND NOT (status = 'running' AND lease_owner = $3)
@@ -718,7 +717,7 @@ impl PgStore {
                  SELECT id, last_seq, $5, jsonb_build_object('owner', $3::text, 'attempt', lease_attempt), $1
                  FROM claimed
              )
-             SELECT id, workflow, input::text AS input, lease_attempt FROM claimed, relaxed",
+             SELECT id, workflow, input::text AS input, lease_attempt FROM claimed",
         )
         .bind(now)
         .bind(&req.workflows)
