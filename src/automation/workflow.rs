@@ -138,6 +138,16 @@ impl Deps {
                 .map_err(|e| StepError::fatal(format!("the command's time cap: {e}")))?;
             request = request.limits(limits);
         }
+        if let Some(session) = &input.session {
+            // A command that starts (or resumes after its approval) once its session's end was
+            // requested does not run.
+            let ended =
+                self.sessions.end_requested_by(session).await.map_err(|e| StepError::retryable(e.to_string()))?;
+            if ended.is_some() {
+                let message = "the session was destroyed".to_owned();
+                return Ok(RoundResult::Failed { code: "RUN_ABORTED".to_owned(), message, console: Vec::new() });
+            }
+        }
         if let Some((token, batch)) = resume {
             if step.attempt > 1 {
                 // An earlier attempt may have consumed the token and crashed before recording.

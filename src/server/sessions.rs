@@ -70,6 +70,7 @@ impl IntoResponse for Failure {
             }
             SessionError::Invalid(_) => ApiError::bad_request(message).into_response(),
             SessionError::NotRunning => ApiError::new(StatusCode::CONFLICT, "NOT_RUNNING", message).into_response(),
+            SessionError::Full(_) => ApiError::new(StatusCode::CONFLICT, "SESSION_FULL", message).into_response(),
             SessionError::Internal(_) => ApiError::internal(message).into_response(),
         }
     }

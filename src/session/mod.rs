@@ -31,7 +31,9 @@ use crate::automation::HookTokens;
 /// The events read per page when a session's history is summarized.
 const PAGE: u32 = 1_000;
 /// The most commands one session takes.
-pub const MAX_COMMANDS: u64 = 10_000;
+pub const MAX_COMMANDS: u64 = 1_000;
+/// The most bytes of command sources one session takes, all commands together.
+pub const MAX_SOURCE_BYTES: usize = 16 * 1024 * 1024;
 /// How long a command waits for a new session's first execution to create its hook.
 const HOOK_WAIT: Duration = Duration::from_secs(10);
 
@@ -92,6 +94,8 @@ pub enum SessionError {
     Invalid(String),
     /// No command of the session is running.
     NotRunning,
+    /// The session took all the commands it can; start a new one.
+    Full(String),
     /// Our fault.
     Internal(String),
 }
@@ -101,7 +105,7 @@ impl fmt::Display for SessionError {
         match self {
             SessionError::Gone { id, status: "unknown" } => write!(f, "there is no session {id}"),
             SessionError::Gone { id, status } => write!(f, "session {id} has ended ({status})"),
-            SessionError::Invalid(message) => f.write_str(message),
+            SessionError::Invalid(message) | SessionError::Full(message) => f.write_str(message),
             SessionError::NotRunning => f.write_str("no command of this session is running"),
             SessionError::Internal(message) => write!(f, "internal error: {message}"),
         }
@@ -179,14 +183,14 @@ impl Sessions {
     }
 
     /// Queues `source` as the session's next command; returns its number (1 for the first).
-    /// A session takes at most [`MAX_COMMANDS`]: every wake-up replays its history, so a longer
-    /// one belongs in a new session.
+    /// A session takes at most [`MAX_COMMANDS`] commands and [`MAX_SOURCE_BYTES`] of sources:
+    /// every wake-up replays its history, so a longer one belongs in a new session.
     pub async fn command(&self, tenant: &str, id: &RunId, source: &str, actor: &str) -> Result<u64, SessionError> {
         self.live(tenant, id).await?;
-        let received = self.engine.get_hook(&self.tokens.for_session(id.as_str())).await?.map_or(0, |h| h.received);
-        if received >= MAX_COMMANDS {
-            return Err(SessionError::Invalid(format!(
-                "a session takes at most {MAX_COMMANDS} commands; start a new session"
+        if !self.state.take_command(id.as_str(), source.len(), MAX_COMMANDS, MAX_SOURCE_BYTES).await? {
+            return Err(SessionError::Full(format!(
+                "a session takes at most {MAX_COMMANDS} commands and {MAX_SOURCE_BYTES} bytes of sources; \
+                 start a new session"
             )));
         }
         let message = SessionMessage::Command { source: source.to_owned(), submitted_by: actor.to_owned() };

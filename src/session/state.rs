@@ -6,7 +6,7 @@ use std::sync::Arc;
 use resumable_host::{HostError, HostFunctionsBuilder};
 use serde_json::{Value, json};
 
-use crate::db::{AppDb, DbError, Param, now_ms};
+use crate::db::{AppDb, DbError, Guard, Param, Step, TxOutcome, now_ms};
 
 /// The most bytes of a key.
 pub const MAX_KEY_BYTES: usize = 256;
@@ -31,9 +31,16 @@ const SET: &str = "INSERT INTO session_state (session_id, key, value, bytes, upd
       AND (SELECT COUNT(*) FROM session_state WHERE session_id = $1 AND key <> $2) < $7
     ON CONFLICT (session_id, key) DO UPDATE
     SET value = excluded.value, bytes = excluded.bytes, updated_at = excluded.updated_at";
+const LOCK_SESSION: &str = "UPDATE session_usage SET commands = commands WHERE session_id = $1";
 const REQUEST_END: &str = "INSERT INTO session_ends (session_id, requested_by, requested_at) VALUES ($1, $2, $3)
     ON CONFLICT (session_id) DO NOTHING";
 const END_REQUESTED: &str = "SELECT requested_by FROM session_ends WHERE session_id = $1";
+/// Counts one more command of `$2` source bytes, unless the session would pass its bounds (0 rows).
+const TAKE_COMMAND: &str = "INSERT INTO session_usage (session_id, commands, source_bytes) VALUES ($1, 1, $2)
+    ON CONFLICT (session_id) DO UPDATE
+    SET commands = session_usage.commands + 1, source_bytes = session_usage.source_bytes + excluded.source_bytes
+    WHERE session_usage.commands < $3 AND session_usage.source_bytes + excluded.source_bytes <= $4";
+const FORGET_USAGE: &str = "DELETE FROM session_usage WHERE session_id = $1";
 
 /// The sessions' state in the application database.
 #[derive(Clone, Debug)]
@@ -73,7 +80,13 @@ impl SessionState {
             (MAX_STATE_BYTES as i64).into(),
             (MAX_KEYS as i64).into(),
         ];
-        Ok(self.db.execute(SET, params).await? == 1)
+        // The session's usage row, taken first, serializes concurrent writes of one session, so that
+        // the limits hold on PostgreSQL too (SQLite has one writer).
+        let steps = vec![
+            Step::new(LOCK_SESSION, vec![session.into()]),
+            Step::new(SET, params).guard(Guard::RefuseUnless(1, String::new())),
+        ];
+        Ok(self.db.transaction(steps).await? == TxOutcome::Committed)
     }
 
     /// Removes `key` of `session`; whether it was set.
@@ -87,9 +100,29 @@ impl SessionState {
         rows.iter().map(|row| row.get("key")).collect()
     }
 
-    /// Removes all of `session`'s state.
+    /// Removes all of `session`'s state and usage counters.
     pub async fn clear(&self, session: &str) -> Result<u64, DbError> {
+        self.db.execute(FORGET_USAGE, vec![session.into()]).await?;
         self.db.execute(CLEAR, vec![session.into()]).await
+    }
+
+    /// Counts one more command of `source_bytes` for `session`; `Ok(false)` (nothing counted) when
+    /// the session already took `max_commands` commands or `max_source_bytes` of sources.
+    pub async fn take_command(
+        &self,
+        session: &str,
+        source_bytes: usize,
+        max_commands: u64,
+        max_source_bytes: usize,
+    ) -> Result<bool, DbError> {
+        let wide = |n: u64| i64::try_from(n).unwrap_or(i64::MAX);
+        let params: Vec<Param> = vec![
+            session.into(),
+            wide(source_bytes as u64).into(),
+            wide(max_commands).into(),
+            wide(max_source_bytes as u64).into(),
+        ];
+        Ok(self.db.execute(TAKE_COMMAND, params).await? == 1)
     }
 
     /// Records that `actor` asked to end `session` (the first request is kept).
@@ -159,4 +192,45 @@ fn check_key(key: &str) -> Result<(), HostError> {
 
 fn limit_error(message: String) -> HostError {
     HostError::new(message).with_details(json!({ "code": STATE_LIMIT_CODE }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn temp_state(name: &str) -> (SessionState, std::path::PathBuf) {
+        let dir =
+            std::env::temp_dir().join(format!("resumable-{name}-{}", resumable_workflow::testing::random_suffix()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let db = AppDb::open(&format!("sqlite://{}", dir.join("app.db").display())).await.unwrap();
+        (SessionState::new(db), dir)
+    }
+
+    #[tokio::test]
+    async fn a_session_takes_commands_until_its_count_or_its_bytes_run_out() {
+        let (state, dir) = temp_state("usage").await;
+        assert!(state.take_command("s1", 10, 2, 100).await.unwrap());
+        assert!(state.take_command("s1", 10, 2, 100).await.unwrap());
+        assert!(!state.take_command("s1", 10, 2, 100).await.unwrap(), "the third command is refused");
+        assert!(state.take_command("s2", 60, 5, 100).await.unwrap());
+        assert!(!state.take_command("s2", 41, 5, 100).await.unwrap(), "101 bytes would pass the bound");
+        assert!(state.take_command("s2", 40, 5, 100).await.unwrap(), "a refusal counted nothing");
+        state.clear("s1").await.unwrap();
+        assert!(state.take_command("s1", 10, 2, 100).await.unwrap(), "clearing forgets the usage");
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[tokio::test]
+    async fn writes_past_the_limits_change_nothing() {
+        let (state, dir) = temp_state("limits").await;
+        assert!(state.take_command("s", 1, 10, 100).await.unwrap());
+        let big = Value::String("x".repeat(MAX_STATE_BYTES / 2));
+        assert!(state.set("s", "a", &big).await.unwrap());
+        assert!(!state.set("s", "b", &big).await.unwrap(), "two halves and their quotes pass 1 MiB");
+        assert!(state.set("s", "a", &Value::from(1)).await.unwrap(), "replacing a key counts its new size only");
+        assert!(state.set("s", "b", &big).await.unwrap());
+        assert_eq!(state.keys("s").await.unwrap(), ["a", "b"]);
+        assert_eq!(state.get("s", "a").await.unwrap(), Some(Value::from(1)));
+        std::fs::remove_dir_all(dir).ok();
+    }
 }

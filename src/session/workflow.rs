@@ -15,8 +15,10 @@ use crate::automation::{AutomationInput, HookTokens, WORKFLOW as AUTOMATION_WORK
 /// The name the session workflow is registered under.
 pub const WORKFLOW: &str = "resumable.session";
 
-/// The most console lines of one command copied into the session's `command_output` event.
+/// The most events of a command's automation read for its console.
 const MAX_OUTPUT_EVENTS: u32 = 10_000;
+/// The most bytes of console text of one command copied into the session's `command_output`.
+const MAX_OUTPUT_BYTES: usize = 8 * 1024;
 
 /// What a session is started with (the workflow's input).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -194,7 +196,43 @@ async fn command_console(
             Some(Value::Array(lines)) => Some(lines),
             _ => None,
         });
-        Ok(lines.flatten().collect::<Vec<Value>>())
+        Ok(bounded_console(lines.flatten(), &automation))
     })
     .await
+}
+
+/// The lines that fit in [`MAX_OUTPUT_BYTES`] of text, then one line saying how many were left
+/// out: the session's history is replayed at every wake-up, the command's automation keeps them all.
+fn bounded_console(lines: impl Iterator<Item = Value>, automation: &RunId) -> Vec<Value> {
+    let (mut kept, mut bytes, mut left_out) = (Vec::new(), 0usize, 0usize);
+    for line in lines {
+        let size = line["text"].as_str().map_or(0, str::len);
+        if left_out > 0 || bytes + size > MAX_OUTPUT_BYTES {
+            left_out += 1;
+            continue;
+        }
+        bytes += size;
+        kept.push(line);
+    }
+    if left_out > 0 {
+        let text = format!("… {left_out} more console lines; automation {automation} has them all");
+        kept.push(json!({ "level": "info", "text": text }));
+    }
+    kept
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_long_console_is_cut_with_a_line_that_says_so() {
+        let line = |i: usize| json!({ "level": "log", "text": format!("{i:04}{}", "y".repeat(996)) });
+        let automation = RunId::from("run_1");
+        let kept = bounded_console((0..20).map(line), &automation);
+        assert_eq!(kept.len(), 9, "eight lines of 1000 bytes fit in 8 KiB, then the note");
+        assert_eq!(kept[7]["text"].as_str().map(|t| &t[..4]), Some("0007"));
+        assert_eq!(kept[8]["text"], "… 12 more console lines; automation run_1 has them all");
+        assert_eq!(bounded_console((0..3).map(line), &automation).len(), 3, "a short console is kept whole");
+    }
 }

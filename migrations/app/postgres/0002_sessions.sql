@@ -14,3 +14,11 @@ CREATE TABLE session_ends (
     requested_by TEXT NOT NULL,
     requested_at BIGINT NOT NULL
 );
+
+-- What each session has taken in so far, so that its history (replayed at every wake-up) stays
+-- bounded: commands and the bytes of their sources.
+CREATE TABLE session_usage (
+    session_id   TEXT PRIMARY KEY NOT NULL,
+    commands     BIGINT NOT NULL,
+    source_bytes BIGINT NOT NULL
+);
