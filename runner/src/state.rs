@@ -40,6 +40,19 @@ pub(crate) struct LedgerEntry {
     pub clock: f64,
 }
 
+impl LedgerEntry {
+    /// What the host function of call `index` receives when this interrupted entry is resumed with
+    /// `resolution`; `None` unless the entry was interrupted.
+    pub(crate) fn resume_with(&self, index: u32, resolution: serde_json::Value) -> Option<resumable_host::Resume> {
+        let CallOutcome::Interrupted(payload) = &self.outcome else { return None };
+        Some(resumable_host::Resume {
+            interruption_id: format!("interrupt-{index}"),
+            payload: serde_json::from_str(payload).unwrap_or(serde_json::Value::Null),
+            resolution,
+        })
+    }
+}
+
 /// Everything needed to resume a run.
 #[derive(Debug, Clone, PartialEq)]
 pub(crate) struct ContinuationState {

@@ -139,7 +139,7 @@ impl RemoteHost for PipeHost {
             index: request.index,
             function: request.function.to_string(),
             arguments: request.arguments.to_string(),
-            resume: request.resume.clone().map(Into::into),
+            resumed: request.resume.is_some(),
         };
         send(&self.output, &message)
     }

@@ -6,11 +6,13 @@ use super::protocol::{CallOutcomeFrame, JobSpec, ToChild, ToParent};
 use crate::bytecode_cache::StatsCounters;
 use crate::continuation::Claim;
 use crate::error::{ErrorCode, RunError};
+use crate::event::RunEvent;
 use crate::event_queue::EventQueue;
 use crate::job::RawOutcome;
 use crate::link::CatchUnwind;
-use resumable_host::{CancelSignal, HostCallContext, HostFunctions, HostResult};
+use resumable_host::{CancelSignal, HostCallContext, HostFunctions, HostResult, Resume};
 use serde_json::Value;
+use std::collections::HashMap;
 use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -194,6 +196,20 @@ async fn read_frame(input: &mut tokio::process::ChildStdout) -> std::io::Result<
     serde_json::from_slice(&body).map(Some).map_err(std::io::Error::other)
 }
 
+/// The resumes of the calls that `spec` resumes with a decision, by call index, with the function
+/// each belongs to: built from the ledger and the resolutions the parent holds.
+fn decided_calls(spec: &JobSpec) -> HashMap<u32, (String, Resume)> {
+    let replay = &spec.replay;
+    let mut decided = HashMap::new();
+    for (&index, resolution) in &replay.resolutions {
+        let Some(entry) = index.checked_sub(1).and_then(|i| replay.ledger.get(i as usize)) else { continue };
+        if let Some(resume) = entry.resume_with(index, resolution.clone()) {
+            decided.insert(index, (entry.function.clone(), resume));
+        }
+    }
+    decided
+}
+
 /// The parent's half of one run.
 struct Session {
     host: HostFunctions,
@@ -222,6 +238,9 @@ impl Session {
         cancel: &CancelSignal,
         grace: std::time::Duration,
     ) -> Ending {
+        // The decisions a resumed call receives come from this side: a worker process that a
+        // script took over cannot forge an approval.
+        let mut resumes = decided_calls(&spec);
         if write(&mut worker.stdin, &ToChild::Run(Box::new(spec))).await.is_err() {
             return lost("could not be given the run");
         }
@@ -238,17 +257,25 @@ impl Session {
                         break Ending::Answered(result);
                     }
                     Some(ToParent::Event(event)) => {
-                        if let Some(events) = &self.events {
+                        // The run's end is announced here, from the answer, never by the worker.
+                        let live = !event.is_terminal() && !matches!(event, RunEvent::Lagged { .. });
+                        if let (Some(events), true) = (&self.events, live) {
                             events.push(event);
                         }
                     }
-                    Some(ToParent::Call { index, function, arguments, resume }) => {
+                    Some(ToParent::Call { index, function, arguments, resumed }) => {
                         let arguments: Vec<Value> = serde_json::from_str(&arguments).unwrap_or_default();
+                        let resume = match resumes.get(&index) {
+                            Some((recorded, _)) if resumed && *recorded == function => {
+                                resumes.remove(&index).map(|(_, resume)| resume)
+                            }
+                            _ => None,
+                        };
                         let context = HostCallContext::new(
                             self.run_id.clone(),
                             function.as_str(),
                             index,
-                            resume.map(Into::into),
+                            resume,
                             self.host_cancel.clone(),
                         );
                         let mut future = CatchUnwind(self.host.call(&function, context, arguments));
@@ -311,5 +338,46 @@ impl Session {
             task.abort();
         }
         ending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bytecode_cache::BytecodeCacheConfig;
+    use crate::job::Replay;
+    use crate::limits::Limits;
+    use crate::state::{CallOutcome, LedgerEntry};
+    use serde_json::json;
+
+    fn entry(function: &str, outcome: CallOutcome) -> LedgerEntry {
+        LedgerEntry { function: function.into(), arguments: "[]".into(), outcome, settle_order: None, clock: 0.0 }
+    }
+
+    #[test]
+    fn decisions_come_from_the_ledger_and_resolutions_the_parent_holds() {
+        let ledger = vec![
+            entry("tools.effect", CallOutcome::Fulfilled("1".into())),
+            entry("tools.approve", CallOutcome::Interrupted(r#"{"amount":5}"#.into())),
+        ];
+        let resolutions = HashMap::from([(1, json!(true)), (2, json!("yes")), (9, json!(true))]);
+        let spec = JobSpec {
+            source: "return 1".into(),
+            source_hash: [0; 32],
+            functions: Arc::from(Vec::<String>::new()),
+            limits: Limits::default(),
+            replay: Replay { logical_run_id: "run".into(), seed: 0, start_clock: 0.0, ledger, resolutions },
+            can_interrupt: true,
+            has_claim: false,
+            events: false,
+            cache: BytecodeCacheConfig::default(),
+        };
+        let decided = decided_calls(&spec);
+        assert_eq!(decided.len(), 1, "only an interrupted entry of the ledger takes a decision");
+        let (function, resume) = &decided[&2];
+        assert_eq!(function, "tools.approve");
+        assert_eq!(resume.interruption_id, "interrupt-2");
+        assert_eq!(resume.payload, json!({ "amount": 5 }));
+        assert_eq!(resume.resolution, json!("yes"));
     }
 }

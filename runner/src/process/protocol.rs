@@ -5,7 +5,7 @@ use crate::error::RunError;
 use crate::event::RunEvent;
 use crate::job::{RawOutcome, Replay};
 use crate::limits::Limits;
-use resumable_host::{HostError, HostFailure, HostResult, Resume};
+use resumable_host::{HostError, HostFailure, HostResult};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::sync::Arc;
@@ -41,7 +41,9 @@ pub(crate) enum ToParent {
         index: u32,
         function: String,
         arguments: String,
-        resume: Option<ResumeFrame>,
+        /// Whether the worker resumes an interrupted call here; the parent supplies the decision
+        /// itself, from the ledger and resolutions it holds.
+        resumed: bool,
     },
     Consume,
     /// A live event of the run, sent in the order it happened (before `Done`).
@@ -79,25 +81,5 @@ impl From<CallOutcomeFrame> for HostResult {
                 Err(HostError::Failed(HostFailure { message, details, internal: None }))
             }
         }
-    }
-}
-
-/// [`Resume`] on the wire.
-#[derive(Serialize, Deserialize)]
-pub(crate) struct ResumeFrame {
-    pub interruption_id: String,
-    pub payload: Value,
-    pub resolution: Value,
-}
-
-impl From<Resume> for ResumeFrame {
-    fn from(r: Resume) -> Self {
-        ResumeFrame { interruption_id: r.interruption_id, payload: r.payload, resolution: r.resolution }
-    }
-}
-
-impl From<ResumeFrame> for Resume {
-    fn from(r: ResumeFrame) -> Self {
-        Resume { interruption_id: r.interruption_id, payload: r.payload, resolution: r.resolution }
     }
 }

@@ -661,13 +661,8 @@ impl<'js> Driver<'_, 'js> {
         let mut starts = Vec::with_capacity(held.len());
         for index in held {
             bridge.interrupted.remove(&index);
-            let entry = &bridge.ledger[index as usize - 1];
-            let CallOutcome::Interrupted(payload) = &entry.outcome else { continue };
-            let resume = Resume {
-                interruption_id: format!("interrupt-{index}"),
-                payload: serde_json::from_str(payload).unwrap_or(Json::Null),
-                resolution: bridge.resolutions.get(&index).cloned().unwrap_or(Json::Null),
-            };
+            let resolution = bridge.resolutions.get(&index).cloned().unwrap_or(Json::Null);
+            let Some(resume) = bridge.ledger[index as usize - 1].resume_with(index, resolution) else { continue };
             starts.push((index, resume));
         }
         drop(bridge);
