@@ -31,6 +31,14 @@ const SET: &str = "INSERT INTO session_state (session_id, key, value, bytes, upd
       AND (SELECT COUNT(*) FROM session_state WHERE session_id = $1 AND key <> $2) < $7
     ON CONFLICT (session_id, key) DO UPDATE
     SET value = excluded.value, bytes = excluded.bytes, updated_at = excluded.updated_at";
+const RECORD_WRITE: &str =
+    "INSERT INTO session_writes (session_id, write_key) VALUES ($1, $2) ON CONFLICT (session_id, write_key) DO NOTHING";
+/// Keeps whether the key exists, before a delete, as the write's result.
+const RECORD_EXISTED: &str = "UPDATE session_writes SET result = CASE WHEN EXISTS
+        (SELECT 1 FROM session_state WHERE session_id = $1 AND key = $3) THEN 'true' ELSE 'false' END
+    WHERE session_id = $1 AND write_key = $2";
+const WRITE_RESULT: &str = "SELECT result FROM session_writes WHERE session_id = $1 AND write_key = $2";
+const FORGET_WRITES: &str = "DELETE FROM session_writes WHERE session_id = $1";
 const LOCK_SESSION: &str = "UPDATE session_usage SET commands = commands WHERE session_id = $1";
 const REQUEST_END: &str = "INSERT INTO session_ends (session_id, requested_by, requested_at) VALUES ($1, $2, $3)
     ON CONFLICT (session_id) DO NOTHING";
@@ -66,9 +74,10 @@ impl SessionState {
         }
     }
 
-    /// Sets `key` of `session` to `value`; `Ok(false)` when that would exceed [`MAX_STATE_BYTES`]
-    /// or [`MAX_KEYS`] (nothing is written then).
-    pub async fn set(&self, session: &str, key: &str, value: &Value) -> Result<bool, DbError> {
+    /// Sets `key` of `session` to `value` as the write `write_key` (a call's stable identity):
+    /// `Ok(false)` when that would exceed [`MAX_STATE_BYTES`] or [`MAX_KEYS`] (nothing is written
+    /// then); a write already applied under `write_key` is not applied again.
+    pub async fn set(&self, session: &str, write_key: &str, key: &str, value: &Value) -> Result<bool, DbError> {
         let text = value.to_string();
         let bytes = i64::try_from(text.len()).unwrap_or(i64::MAX);
         let params: Vec<Param> = vec![
@@ -84,14 +93,24 @@ impl SessionState {
         // the limits hold on PostgreSQL too (SQLite has one writer).
         let steps = vec![
             Step::new(LOCK_SESSION, vec![session.into()]),
+            Step::new(RECORD_WRITE, vec![session.into(), write_key.into()]).guard(Guard::StopUnless(1)),
             Step::new(SET, params).guard(Guard::RefuseUnless(1, String::new())),
         ];
         Ok(self.db.transaction(steps).await? == TxOutcome::Committed)
     }
 
-    /// Removes `key` of `session`; whether it was set.
-    pub async fn delete(&self, session: &str, key: &str) -> Result<bool, DbError> {
-        Ok(self.db.execute(DELETE, vec![session.into(), key.into()]).await? > 0)
+    /// Removes `key` of `session` as the write `write_key`; whether it was set (when the write was
+    /// applied before, what it answered then).
+    pub async fn delete(&self, session: &str, write_key: &str, key: &str) -> Result<bool, DbError> {
+        let steps = vec![
+            Step::new(LOCK_SESSION, vec![session.into()]),
+            Step::new(RECORD_WRITE, vec![session.into(), write_key.into()]).guard(Guard::StopUnless(1)),
+            Step::new(RECORD_EXISTED, vec![session.into(), write_key.into(), key.into()]),
+            Step::new(DELETE, vec![session.into(), key.into()]),
+        ];
+        self.db.transaction(steps).await?;
+        let row = self.db.fetch_one(WRITE_RESULT, vec![session.into(), write_key.into()]).await?;
+        Ok(row.get::<Option<String>>("result")?.as_deref() == Some("true"))
     }
 
     /// The keys of `session`, sorted.
@@ -103,6 +122,7 @@ impl SessionState {
     /// Removes all of `session`'s state and usage counters.
     pub async fn clear(&self, session: &str) -> Result<u64, DbError> {
         self.db.execute(FORGET_USAGE, vec![session.into()]).await?;
+        self.db.execute(FORGET_WRITES, vec![session.into()]).await?;
         self.db.execute(CLEAR, vec![session.into()]).await
     }
 
@@ -151,7 +171,7 @@ impl SessionState {
                     Ok(value.unwrap_or(Value::Null))
                 }
             })
-            .typed("session.set", ["key", "value"], move |_, (key, value): (String, Value)| {
+            .typed("session.set", ["key", "value"], move |ctx, (key, value): (String, Value)| {
                 let scoped = Arc::clone(&set);
                 async move {
                     check_key(&key)?;
@@ -161,7 +181,8 @@ impl SessionState {
                             "session.set: the value of {key:?} has {bytes} bytes as JSON, more than {MAX_VALUE_BYTES}"
                         )));
                     }
-                    if !scoped.0.set(&scoped.1, &key, &value).await.map_err(HostError::internal)? {
+                    let applied = scoped.0.set(&scoped.1, &write_key(&ctx), &key, &value).await;
+                    if !applied.map_err(HostError::internal)? {
                         return Err(limit_error(format!(
                             "session.set: the session's state would exceed {MAX_STATE_BYTES} bytes or {MAX_KEYS} keys"
                         )));
@@ -169,11 +190,12 @@ impl SessionState {
                     Ok(Value::Null)
                 }
             })
-            .typed("session.delete", ["key"], move |_, (key,): (String,)| {
+            .typed("session.delete", ["key"], move |ctx, (key,): (String,)| {
                 let scoped = Arc::clone(&delete);
                 async move {
                     check_key(&key)?;
-                    Ok(Value::Bool(scoped.0.delete(&scoped.1, &key).await.map_err(HostError::internal)?))
+                    let existed = scoped.0.delete(&scoped.1, &write_key(&ctx), &key).await;
+                    Ok(Value::Bool(existed.map_err(HostError::internal)?))
                 }
             })
             .function("session.keys", move |_, _| {
@@ -181,6 +203,12 @@ impl SessionState {
                 async move { Ok(json!(scoped.0.keys(&scoped.1).await.map_err(HostError::internal)?)) }
             })
     }
+}
+
+/// The identity of a call's write: its automation and its index there, the same in every retry of
+/// the round that makes it.
+fn write_key(ctx: &resumable_host::HostCallContext) -> String {
+    format!("{}:{}", ctx.logical_run_id(), ctx.index())
 }
 
 fn check_key(key: &str) -> Result<(), HostError> {
@@ -225,12 +253,30 @@ mod tests {
         let (state, dir) = temp_state("limits").await;
         assert!(state.take_command("s", 1, 10, 100).await.unwrap());
         let big = Value::String("x".repeat(MAX_STATE_BYTES / 2));
-        assert!(state.set("s", "a", &big).await.unwrap());
-        assert!(!state.set("s", "b", &big).await.unwrap(), "two halves and their quotes pass 1 MiB");
-        assert!(state.set("s", "a", &Value::from(1)).await.unwrap(), "replacing a key counts its new size only");
-        assert!(state.set("s", "b", &big).await.unwrap());
+        assert!(state.set("s", "w1", "a", &big).await.unwrap());
+        assert!(!state.set("s", "w2", "b", &big).await.unwrap(), "two halves and their quotes pass 1 MiB");
+        assert!(state.set("s", "w3", "a", &Value::from(1)).await.unwrap(), "replacing a key counts its new size only");
+        assert!(state.set("s", "w2", "b", &big).await.unwrap(), "a refused write was not recorded");
         assert_eq!(state.keys("s").await.unwrap(), ["a", "b"]);
         assert_eq!(state.get("s", "a").await.unwrap(), Some(Value::from(1)));
+        std::fs::remove_dir_all(dir).ok();
+    }
+
+    #[tokio::test]
+    async fn a_write_made_again_by_a_retried_call_is_applied_once() {
+        let (state, dir) = temp_state("writes").await;
+        assert!(state.take_command("s", 1, 10, 100).await.unwrap());
+        assert!(state.set("s", "run_a:1", "n", &Value::from(1)).await.unwrap());
+        assert!(state.set("s", "run_a:2", "n", &Value::from(2)).await.unwrap());
+        assert!(state.set("s", "run_a:1", "n", &Value::from(5)).await.unwrap(), "already applied: not again");
+        assert_eq!(state.get("s", "n").await.unwrap(), Some(Value::from(2)));
+        assert!(state.delete("s", "run_a:3", "n").await.unwrap());
+        assert!(state.delete("s", "run_a:3", "n").await.unwrap(), "a repeated delete answers what it did");
+        assert!(!state.delete("s", "run_a:4", "n").await.unwrap());
+        state.clear("s").await.unwrap();
+        assert!(state.take_command("s", 1, 10, 100).await.unwrap());
+        assert!(state.set("s", "run_a:1", "n", &Value::from(7)).await.unwrap());
+        assert_eq!(state.get("s", "n").await.unwrap(), Some(Value::from(7)), "clearing forgets the writes");
         std::fs::remove_dir_all(dir).ok();
     }
 }

@@ -22,3 +22,12 @@ CREATE TABLE session_usage (
     commands     BIGINT NOT NULL,
     source_bytes BIGINT NOT NULL
 );
+
+-- The writes of session.set / session.delete already applied, by the call that made them
+-- (`automation:call index`): a round retried after a crash does not apply them twice.
+CREATE TABLE session_writes (
+    session_id TEXT NOT NULL,
+    write_key  TEXT NOT NULL,
+    result     TEXT,
+    PRIMARY KEY (session_id, write_key)
+);
