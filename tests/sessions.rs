@@ -213,7 +213,10 @@ on_both_backends! {
         assert_gone(&other.get(&format!("/v1/sessions/{id}")).await, "unknown");
         assert_gone(&other.get(&format!("/v1/sessions/{id}/events?from=0")).await, "unknown");
         assert_gone(&acme.get("/v1/sessions/run_00000000000000000000000000000000").await, "unknown");
-        assert_gone(&acme.get("/v1/sessions/not-an-id").await, "unknown");
+        let gone = acme.get("/v1/sessions/not-an-id").await;
+        assert_gone(&gone, "unknown");
+        assert_eq!(gone.header("x-content-type-options"), Some("nosniff"), "API answers are never sniffed");
+        assert_eq!(gone.header("cache-control"), Some("no-store"));
         let response = acme.post("/v1/sessions", &json!({ "idleMs": 0 })).await;
         assert_eq!(response.status, 400, "{}", response.text());
         let response = acme.post("/v1/sessions", &json!({ "commandTimeoutMs": 999999999999u64 })).await;

@@ -50,7 +50,12 @@ impl EventQueue {
         if state.ended || state.closed {
             return;
         }
-        if state.missed > 0 && state.events.len() < self.capacity {
+        if state.missed > 0 {
+            // The count of the events missed goes first, and only with room for this event after it.
+            if state.events.len() + 2 > self.capacity {
+                state.missed += 1;
+                return;
+            }
             let missed = std::mem::take(&mut state.missed);
             state.events.push_back(RunEvent::Lagged { missed });
         }
@@ -151,6 +156,21 @@ mod tests {
         );
         let mut cx = Context::from_waker(Waker::noop());
         assert_eq!(queue.poll_next(&mut cx), Poll::Ready(None));
+    }
+
+    #[test]
+    fn one_count_of_missed_events_comes_before_the_next_event_that_fits() {
+        let queue = EventQueue::new(3);
+        for i in 0..5 {
+            queue.push(console(&i.to_string()));
+        }
+        assert_eq!(drain(&queue).len(), 3);
+        queue.push(console("5"));
+        queue.push(console("6"));
+        queue.push(console("7"));
+        assert_eq!(drain(&queue), vec![RunEvent::Lagged { missed: 2 }, console("5"), console("6")]);
+        queue.push(console("8"));
+        assert_eq!(drain(&queue), vec![RunEvent::Lagged { missed: 1 }, console("8")]);
     }
 
     #[test]
