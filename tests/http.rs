@@ -654,3 +654,17 @@ impl BodyLines for Response {
         self.text().lines().map(|l| serde_json::from_str(l).expect("a JSON line")).collect()
     }
 }
+
+/// A client that presents many unknown keys is refused for a while, whatever key it sends next.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_guessing_keys_is_refused_for_a_while() {
+    let Some(fixture) = Fixture::start_on(Backend::Sqlite, "throttle", None) else { return };
+    let guesser = fixture.server.client(Some("guessed-key"));
+    for _ in 0..20 {
+        assert_error(&guesser.get("/v1/approvals").await, 401, "UNAUTHORIZED");
+    }
+    let refused = guesser.get("/v1/approvals").await;
+    assert_error(&refused, 429, "TOO_MANY_FAILURES");
+    // The same address with a good key waits too: keys cannot be tried in turn.
+    assert_error(&fixture.acme.get("/v1/approvals").await, 429, "TOO_MANY_FAILURES");
+}

@@ -11,6 +11,7 @@ use sha2::{Digest, Sha256};
 
 use super::AppState;
 use super::error::ApiError;
+use super::throttle::client_ip;
 
 /// What a caller may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
@@ -157,10 +158,18 @@ impl FromRequestParts<AppState> for Caller {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Caller, ApiError> {
+        let client = client_ip(parts);
+        state.throttle.check(client).map_err(ApiError::throttled)?;
         let header =
             parts.headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).ok_or_else(ApiError::unauthorized)?;
         let key = bearer_key(header).ok_or_else(ApiError::unauthorized)?;
-        state.keys.caller(key).cloned().ok_or_else(ApiError::unauthorized)
+        match state.keys.caller(key) {
+            Some(caller) => Ok(caller.clone()),
+            None => {
+                state.throttle.failed(client);
+                Err(ApiError::unauthorized())
+            }
+        }
     }
 }
 

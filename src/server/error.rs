@@ -38,6 +38,16 @@ impl ApiError {
         )
     }
 
+    /// 429: the client presented too many unknown keys; it may try again after `wait`.
+    pub fn throttled(wait: std::time::Duration) -> ApiError {
+        let seconds = wait.as_secs().max(1);
+        ApiError::new(
+            StatusCode::TOO_MANY_REQUESTS,
+            "TOO_MANY_FAILURES",
+            format!("too many unknown API keys from this address; try again in {seconds} s"),
+        )
+    }
+
     /// 403: the caller may not do this.
     pub fn forbidden(message: impl Into<String>) -> ApiError {
         ApiError::new(StatusCode::FORBIDDEN, "FORBIDDEN", message)

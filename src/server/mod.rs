@@ -11,6 +11,7 @@ pub mod inbox;
 mod routes;
 mod secret;
 mod sessions;
+mod throttle;
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -27,6 +28,7 @@ pub use error::ApiError;
 pub use inbox::InboxSettings;
 pub use routes::MAX_SOURCE_BYTES;
 pub use secret::load_or_create as load_or_create_secret;
+pub use throttle::AuthThrottle;
 
 use crate::automation::Automations;
 use crate::db::AppDb;
@@ -43,13 +45,21 @@ pub struct AppState {
     pub shutting_down: watch::Receiver<bool>,
     /// The inbox pages' CSRF key and cookie settings.
     pub inbox: InboxSettings,
+    /// Failed authentications by client address.
+    pub throttle: AuthThrottle,
 }
 
 impl AppState {
     /// State for a server that is never shut down (tests, embedding without graceful shutdown),
     /// with [`InboxSettings::ephemeral`] inbox settings.
     pub fn new(automations: Automations, keys: ApiKeys) -> AppState {
-        AppState { automations, keys, shutting_down: watch::channel(false).1, inbox: InboxSettings::ephemeral() }
+        AppState {
+            automations,
+            keys,
+            shutting_down: watch::channel(false).1,
+            inbox: InboxSettings::ephemeral(),
+            throttle: AuthThrottle::default(),
+        }
     }
 }
 
@@ -165,13 +175,19 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()> + Se
     println!("listening on http://{local}");
     let (stop, shutting_down) = watch::channel(false);
     let inbox = InboxSettings::from_secret(&secret, config.secure_cookies);
-    let state = AppState { automations: service.automations.clone(), keys, shutting_down, inbox };
+    let state = AppState {
+        automations: service.automations.clone(),
+        keys,
+        shutting_down,
+        inbox,
+        throttle: AuthThrottle::default(),
+    };
     let shutdown = async move {
         shutdown.await;
         // Live event streams end now, so the requests in flight can finish.
         let _ = stop.send(true);
     };
-    axum::serve(listener, router(state))
+    axum::serve(listener, router(state).into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(shutdown)
         .await
         .map_err(|e| format!("server failed: {e}"))?;

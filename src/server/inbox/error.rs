@@ -28,6 +28,11 @@ impl PageError {
         ))
     }
 
+    /// 429: the client presented too many unknown keys; it may try again after `wait`.
+    pub fn throttled(wait: std::time::Duration) -> PageError {
+        PageError(ApiError::throttled(wait))
+    }
+
     /// 400: the form cannot be understood.
     pub fn bad_form(message: impl Into<String>) -> PageError {
         PageError(ApiError::new(StatusCode::BAD_REQUEST, "BAD_FORM", message))

@@ -17,6 +17,7 @@ use crate::automation::AutomationError;
 use crate::server::AppState;
 use crate::server::auth::Role;
 use crate::server::routes::{automation_id, ndjson_events};
+use crate::server::throttle::ClientIp;
 
 /// The most approvals the inbox shows.
 const MAX_INBOX: usize = 200;
@@ -35,12 +36,18 @@ pub async fn index(State(state): State<AppState>, session: Option<Session>) -> R
 
 /// `POST /login` with `key`: sets the session cookie and goes to the inbox; a wrong key shows
 /// the form again (401).
-pub async fn login(State(state): State<AppState>, form: PostedForm) -> Result<Response, PageError> {
+pub async fn login(
+    State(state): State<AppState>,
+    ClientIp(client): ClientIp,
+    form: PostedForm,
+) -> Result<Response, PageError> {
+    state.throttle.check(client).map_err(PageError::throttled)?;
     let key = form.get("key").unwrap_or_default().trim();
     if key.is_empty() {
         return Err(PageError::unauthorized("Enter your API key."));
     }
     if key.len() > MAX_KEY_BYTES || state.keys.caller(key).is_none() {
+        state.throttle.failed(client);
         return Err(PageError::unauthorized("That API key is not valid. Check it and try again."));
     }
     let cookie = session_cookie::set(key, state.inbox.secure_cookies);

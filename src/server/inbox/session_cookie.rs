@@ -19,6 +19,7 @@ use super::csrf::CsrfKey;
 use super::error::PageError;
 use crate::server::AppState;
 use crate::server::auth::{ApiKeys, Caller};
+use crate::server::throttle::client_ip;
 
 /// The cookie's name.
 pub const NAME: &str = "resumable_inbox";
@@ -45,9 +46,10 @@ impl Session {
         key.verify(&self.value, token)
     }
 
-    /// The session of the request's cookie, if it holds a configured key.
+    /// The session of the request's cookie, if it holds a configured key (only the first
+    /// [`MAX_PRESENTED`] values of the cookie are looked at).
     pub fn of(headers: &HeaderMap, keys: &ApiKeys) -> Option<Session> {
-        presented(headers).find_map(|value| {
+        presented(headers).take(MAX_PRESENTED).find_map(|value| {
             let key = decode(value)?;
             let caller = keys.caller(&key)?.clone();
             Some(Session { caller, value: value.to_owned() })
@@ -92,11 +94,26 @@ pub fn clear(secure: bool) -> String {
     format!("{NAME}=; {}; Max-Age=0", attributes(secure))
 }
 
+/// The most values of the session cookie one request may present.
+pub const MAX_PRESENTED: usize = 4;
+
+/// The request's session; a cookie with no configured key counts as a failed authentication of
+/// the client, and a client with too many of those is refused for a while.
+fn authenticate(parts: &Parts, state: &AppState) -> Result<Option<Session>, PageError> {
+    let client = client_ip(parts);
+    state.throttle.check(client).map_err(PageError::throttled)?;
+    let session = Session::of(&parts.headers, &state.keys);
+    if session.is_none() && presented(&parts.headers).next().is_some() {
+        state.throttle.failed(client);
+    }
+    Ok(session)
+}
+
 impl FromRequestParts<AppState> for Session {
     type Rejection = PageError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Session, PageError> {
-        Session::of(&parts.headers, &state.keys).ok_or_else(|| PageError::unauthorized("Sign in to continue."))
+        authenticate(parts, state)?.ok_or_else(|| PageError::unauthorized("Sign in to continue."))
     }
 }
 
@@ -104,7 +121,8 @@ impl OptionalFromRequestParts<AppState> for Session {
     type Rejection = Infallible;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Option<Session>, Infallible> {
-        Ok(Session::of(&parts.headers, &state.keys))
+        // A refused client sees the sign-in form, whose post is refused in turn.
+        Ok(authenticate(parts, state).unwrap_or(None))
     }
 }
 
