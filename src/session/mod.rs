@@ -194,7 +194,12 @@ impl Sessions {
             )));
         }
         let message = SessionMessage::Command { source: source.to_owned(), submitted_by: actor.to_owned() };
-        self.deliver(id, &message).await.map(|index| index + 1)
+        let number = self.deliver(id, &message).await? + 1;
+        // A destroy that came in meanwhile skips this command (or ends the session before it).
+        if self.state.end_requested_by(id.as_str()).await?.is_some() {
+            return Err(SessionError::Gone { id: id.to_string(), status: "destroyed" });
+        }
+        Ok(number)
     }
 
     /// Ends the session: commands queued before are skipped, the running one is cancelled, its
