@@ -51,6 +51,13 @@ fn fill(buf: &mut [u8]) {
     getrandom::fill(buf).expect("operating system random source failed");
 }
 
+/// A random number below 2^31.
+pub(crate) fn random_u31() -> u32 {
+    let mut buf = [0u8; 4];
+    fill(&mut buf);
+    u32::from_be_bytes(buf) >> 1
+}
+
 /// `bytes` random bytes as lowercase hex.
 pub(crate) fn random_hex(bytes: usize) -> String {
     let mut buf = vec![0u8; bytes];

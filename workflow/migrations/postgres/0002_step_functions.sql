@@ -3,10 +3,19 @@
 --   RS001: the execution's lease was lost (the run is not running under this lease attempt);
 --   RS002: the step is not in a state that allows the change (a corrupt or raced history).
 
+-- A random number drawn by every claim: with it, a claim lost in a crash of the server (claims do
+-- not wait for the WAL flush) and the next claim of the run never share a fence.
+ALTER TABLE runs ADD COLUMN lease_token BIGINT NOT NULL DEFAULT 0;
+
+-- p_lease is the execution's lease key: its claim's token in the high 32 bits, its lease attempt
+-- in the low 32.
 CREATE FUNCTION resumable_fence(p_run TEXT, p_lease BIGINT) RETURNS VOID
 LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM 1 FROM runs WHERE id = p_run AND status = 'running' AND lease_attempt = p_lease FOR NO KEY UPDATE;
+    PERFORM 1 FROM runs
+    WHERE id = p_run AND status = 'running'
+      AND lease_attempt = (p_lease & 4294967295) AND lease_token = (p_lease >> 32)
+    FOR NO KEY UPDATE;
     IF NOT FOUND THEN
         RAISE EXCEPTION USING ERRCODE = 'RS001', MESSAGE = 'lease lost';
     END IF;

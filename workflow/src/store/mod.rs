@@ -38,6 +38,10 @@ pub struct Fence {
     pub run_id: RunId,
     /// The lease attempt of the claim (incremented by every claim).
     pub attempt: u32,
+    /// A random number drawn by the claim where the backend needs one (PostgreSQL, whose claims
+    /// may be lost in a crash of the server while their worker lives on), so that a lost claim and
+    /// the next one never share a fence; 0 otherwise.
+    pub token: u32,
 }
 
 /// A run to create.

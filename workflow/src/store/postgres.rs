@@ -425,16 +425,24 @@ async fn migrate_inner(pool: &PgPool, schema: Option<&str>) -> Result<(), StoreE
 /// running under this lease attempt.
 async fn check_fence(conn: &mut PgConnection, fence: &Fence) -> Tx<()> {
     let ok: Option<i32> = sqlx::query_scalar(
-        "SELECT 1 FROM runs WHERE id = $1 AND status = 'running' AND lease_attempt = $2 FOR NO KEY UPDATE",
+        "SELECT 1 FROM runs WHERE id = $1 AND status = 'running' AND lease_attempt = $2 AND lease_token = $3
+         FOR NO KEY UPDATE",
     )
     .bind(fence.run_id.as_str())
     .bind(i64::from(fence.attempt))
+    .bind(i64::from(fence.token))
     .fetch_optional(conn)
     .await?;
     match ok {
         Some(_) => Ok(()),
         None => Err(StoreError::LeaseLost { run_id: fence.run_id.clone() }.into()),
     }
+}
+
+/// The lease key the server-side functions fence with: the claim's token in the high 32 bits and
+/// its lease attempt in the low 32.
+fn lease_key(fence: &Fence) -> i64 {
+    (i64::from(fence.token) << 32) | i64::from(fence.attempt)
 }
 
 /// The failure of a server-side function that checks the fence: its SQLSTATEs `RS001` (lease
@@ -697,18 +705,20 @@ impl PgStore {
         // Read once connected, so waiting for a connection never shortens the lease.
         let now = now_ms();
         // One statement, so one short transaction: pick the due run (skipping runs that another
-        // transaction holds: being claimed, or written by their execution), stamp the lease and
-        // append `run_started`. Its commit waits for the WAL flush: a claim lost in a crash of the
-        // server while its worker lives on would let the next claim hand out the same lease attempt.
+        // transaction holds: being claimed, or written by their execution), stamp the lease with a
+        // fresh token and append `run_started`. Its commit does not wait for the WAL flush: a claim
+        // lost in a crash of the server leaves the old lease to expire, its worker (if it lives on)
+        // is fenced out by the token, and WAL order keeps the claim ahead of the execution's writes.
+        let token = crate::ids::random_u31();
         let row = sqlx::query(
-            "WITH due AS (
+            "WITH relaxed AS (SELECT set_config('synchronous_commit', 'off', true)), due AS (
                  SELECT id FROM runs WHERE ready_at <= $1 AND workflow = ANY($2)
                    -- An engine never takes over its own leases (it is alive; a restart has a new name).
                    AND NOT (status = 'running' AND lease_owner = $3)
                  ORDER BY ready_at LIMIT 1 FOR NO KEY UPDATE SKIP LOCKED
              ), claimed AS (
                  UPDATE runs SET status = 'running', lease_owner = $3, lease_expires_at = $4,
-                     lease_attempt = lease_attempt + 1, wake_at = NULL, wake_requested = FALSE,
+                     lease_attempt = lease_attempt + 1, lease_token = $6, wake_at = NULL, wake_requested = FALSE,
                      started_at = COALESCE(started_at, $1), last_seq = last_seq + 1, updated_at = $1
                  FROM due WHERE runs.id = due.id
                  RETURNING runs.id, runs.workflow, runs.input, runs.lease_attempt, runs.last_seq
@@ -717,13 +727,14 @@ impl PgStore {
                  SELECT id, last_seq, $5, jsonb_build_object('owner', $3::text, 'attempt', lease_attempt), $1
                  FROM claimed
              )
-             SELECT id, workflow, input::text AS input, lease_attempt FROM claimed",
+             SELECT id, workflow, input::text AS input, lease_attempt FROM claimed, relaxed",
         )
         .bind(now)
         .bind(&req.workflows)
         .bind(&req.owner)
         .bind(now.saturating_add(duration_ms(req.lease)))
         .bind(EventKind::RunStarted.as_str())
+        .bind(i64::from(token))
         .fetch_optional(&mut *conn)
         .await?;
         let Some(row) = row else {
@@ -736,13 +747,13 @@ impl PgStore {
         // Read after the claim committed: only this execution writes the run's records from now on
         // (others are fenced out), except hook payloads, whose late arrival wakes the run again.
         let history = load_history(&mut conn, &run_id).await?;
-        Ok(Some(ClaimedRun { fence: Fence { run_id, attempt }, workflow, input, history }))
+        Ok(Some(ClaimedRun { fence: Fence { run_id, attempt, token }, workflow, input, history }))
     }
 
     async fn start_step_tx(&self, fence: &Fence, position: u32, name: &str) -> Tx<u32> {
         let attempt: i64 = sqlx::query_scalar("SELECT resumable_start_step($1, $2, $3, $4, $5, $6)")
             .bind(fence.run_id.as_str())
-            .bind(i64::from(fence.attempt))
+            .bind(lease_key(fence))
             .bind(i64::from(position))
             .bind(name)
             .bind(EventKind::StepStarted.as_str())
@@ -772,7 +783,7 @@ impl PgStore {
         };
         sqlx::query("SELECT resumable_update_step($1, $2, $3, $4, $5, $6::jsonb, $7, $8, $9, $10::jsonb, $11)")
             .bind(fence.run_id.as_str())
-            .bind(i64::from(fence.attempt))
+            .bind(lease_key(fence))
             .bind(i64::from(position))
             .bind(i64::from(attempt))
             .bind(status)
@@ -887,7 +898,7 @@ impl PgStore {
         let payload = json!({ "position": position, "name": name, "attempt": 1, "result": result });
         sqlx::query("SELECT resumable_record_step($1, $2, $3, $4, $5::jsonb, $6, $7::jsonb, $8)")
             .bind(fence.run_id.as_str())
-            .bind(i64::from(fence.attempt))
+            .bind(lease_key(fence))
             .bind(i64::from(position))
             .bind(name)
             .bind(to_json(result))
@@ -903,7 +914,7 @@ impl PgStore {
     async fn suspend_run_tx(&self, fence: &Fence, wake_at: Option<Millis>) -> Tx<RunStatus> {
         let status: String = sqlx::query_scalar("SELECT resumable_suspend_run($1, $2, $3, $4, $5, $6)")
             .bind(fence.run_id.as_str())
-            .bind(i64::from(fence.attempt))
+            .bind(lease_key(fence))
             .bind(wake_at)
             .bind(EventKind::RunSuspended.as_str())
             .bind(self.channel.as_deref())
@@ -1019,7 +1030,7 @@ impl PgStore {
     async fn append_stream_tx(&self, fence: &Fence, position: u32, event: &Value) -> Tx<u64> {
         let index: i64 = sqlx::query_scalar("SELECT resumable_append_stream($1, $2, $3, $4::jsonb, $5, $6)")
             .bind(fence.run_id.as_str())
-            .bind(i64::from(fence.attempt))
+            .bind(lease_key(fence))
             .bind(i64::from(position))
             .bind(to_json(event))
             .bind(EventKind::StreamEmitted.as_str())
@@ -1121,11 +1132,13 @@ impl Store for PgStore {
         Box::pin(async move {
             let expires = now_ms().saturating_add(duration_ms(lease));
             let done = sqlx::query(
-                "UPDATE runs SET lease_expires_at = $1 WHERE id = $2 AND status = 'running' AND lease_attempt = $3",
+                "UPDATE runs SET lease_expires_at = $1
+                 WHERE id = $2 AND status = 'running' AND lease_attempt = $3 AND lease_token = $4",
             )
             .bind(expires)
             .bind(fence.run_id.as_str())
             .bind(i64::from(fence.attempt))
+            .bind(i64::from(fence.token))
             .execute(&self.pool)
             .await
             .map_err(db)?;
@@ -1437,6 +1450,39 @@ mod tests {
         store.close().await;
         let refused = PgStore::open_with(&url, options(&schema)).await;
         assert!(matches!(refused, Err(StoreError::Corrupt(ref m)) if m.contains("99")), "{refused:?}");
+        drop_schema(&url, &schema).await;
+    }
+
+    #[tokio::test]
+    async fn a_claim_lost_with_the_server_and_made_again_fences_out_its_old_worker() {
+        let Some(url) = server_url() else { return };
+        let schema = schema_name();
+        let store = PgStore::open_with(&url, options(&schema)).await.unwrap();
+        store.create_run(new_run("w")).await.unwrap();
+        let lease = Duration::from_secs(30);
+        let first = ClaimRequest { owner: "first".into(), workflows: vec!["w".into()], lease };
+        let lost = store.claim(&first).await.unwrap().expect("claimed");
+        // The server forgets the claim, as a crash before its WAL flush would; its worker lives on.
+        sqlx::query(
+            "UPDATE runs SET status = 'pending', lease_attempt = lease_attempt - 1, lease_owner = NULL,
+                 lease_expires_at = NULL, lease_token = 0",
+        )
+        .execute(&store.pool)
+        .await
+        .unwrap();
+        let second = ClaimRequest { owner: "second".into(), workflows: vec!["w".into()], lease };
+        let again = store.claim(&second).await.unwrap().expect("claimed again");
+        assert_eq!(again.fence.attempt, lost.fence.attempt, "the same lease attempt is handed out again");
+        assert_ne!(again.fence.token, lost.fence.token);
+        let stale = store.start_step(&lost.fence, 1, "s").await;
+        assert!(matches!(stale, Err(StoreError::LeaseLost { .. })), "{stale:?}");
+        let stale = store.renew_lease(&lost.fence, lease).await;
+        assert!(matches!(stale, Err(StoreError::LeaseLost { .. })), "{stale:?}");
+        let stale = store.append_stream(&lost.fence, 2, &json!(1)).await;
+        assert!(matches!(stale, Err(StoreError::LeaseLost { .. })), "{stale:?}");
+        assert_eq!(store.start_step(&again.fence, 1, "s").await.unwrap(), 1);
+        store.renew_lease(&again.fence, lease).await.unwrap();
+        store.close().await;
         drop_schema(&url, &schema).await;
     }
 

@@ -872,7 +872,7 @@ impl Store for SqliteStore {
                 let payload = json!({ "owner": owner.as_str(), "attempt": attempt });
                 append(tx, &run_id, EventKind::RunStarted, &payload, now)?;
                 let history = load_history(tx, &run_id)?;
-                Ok(Some(ClaimedRun { fence: Fence { run_id, attempt }, workflow, input, history }))
+                Ok(Some(ClaimedRun { fence: Fence { run_id, attempt, token: 0 }, workflow, input, history }))
             })
             .await
         })
@@ -1574,7 +1574,7 @@ mod tests {
         store.update_step(&fence, 0, done).await.unwrap();
         assert_eq!(scalar(&store.writer, "PRAGMA synchronous").await, 2, "FULL again for every other commit");
         // A failed durable write restores FULL all the same.
-        let stale = Fence { run_id: fence.run_id.clone(), attempt: fence.attempt + 1 };
+        let stale = Fence { run_id: fence.run_id.clone(), attempt: fence.attempt + 1, token: 0 };
         assert_eq!(store.start_step(&fence, 1, "t").await.unwrap(), 1);
         let lost = store.update_step(&stale, 1, StepUpdate::Completed { attempt: 1, result: json!(2) }).await;
         assert!(matches!(lost, Err(StoreError::LeaseLost { .. })), "{lost:?}");
