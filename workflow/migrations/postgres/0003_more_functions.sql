@@ -58,6 +58,17 @@ BEGIN
     RETURN v_status;
 END $$;
 
+-- Makes a run that has not ended runnable again: a waiting run becomes pending, a running one
+-- remembers the request so that its suspension is not final. The caller holds the row's lock.
+CREATE FUNCTION resumable_wake_run(p_run TEXT, p_now BIGINT) RETURNS VOID
+LANGUAGE plpgsql AS $$
+BEGIN
+    UPDATE runs SET wake_requested = TRUE,
+        updated_at = CASE WHEN status = 'waiting' THEN p_now ELSE updated_at END,
+        status = CASE WHEN status = 'waiting' THEN 'pending' ELSE status END
+    WHERE id = p_run AND status IN ('pending', 'running', 'waiting');
+END $$;
+
 -- Delivers p_payload to the active hook with p_token and wakes its run; returns the run and the
 -- payload's index among the hook's payloads.
 CREATE FUNCTION resumable_resume_hook(p_token TEXT, p_payload JSONB, p_kind TEXT, p_channel TEXT, p_now BIGINT,
@@ -81,10 +92,7 @@ BEGIN
     INSERT INTO hook_payloads (run_id, position, seq, payload, received_at)
     VALUES (o_run, v_position, o_index, p_payload, p_now);
     PERFORM resumable_append(o_run, p_kind, jsonb_build_object('position', v_position, 'index', o_index), p_now);
-    UPDATE runs r SET wake_requested = TRUE,
-        updated_at = CASE WHEN r.status = 'waiting' THEN p_now ELSE r.updated_at END,
-        status = CASE WHEN r.status = 'waiting' THEN 'pending' ELSE r.status END
-    WHERE r.id = o_run AND r.status IN ('pending', 'running', 'waiting');
+    PERFORM resumable_wake_run(o_run, p_now);
     IF p_channel IS NOT NULL THEN
         PERFORM pg_notify(p_channel, 'work');
     END IF;

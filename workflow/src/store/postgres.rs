@@ -422,21 +422,15 @@ async fn migrate_inner(pool: &PgPool, schema: Option<&str>) -> Result<(), StoreE
 }
 
 /// Locks the run's row until the transaction ends; fails with `LeaseLost` unless the run is
-/// running under this lease attempt.
+/// running under this lease (attempt and token), through the same server-side check as the functions.
 async fn check_fence(conn: &mut PgConnection, fence: &Fence) -> Tx<()> {
-    let ok: Option<i32> = sqlx::query_scalar(
-        "SELECT 1 FROM runs WHERE id = $1 AND status = 'running' AND lease_attempt = $2 AND lease_token = $3
-         FOR NO KEY UPDATE",
-    )
-    .bind(fence.run_id.as_str())
-    .bind(i64::from(fence.attempt))
-    .bind(i64::from(fence.token))
-    .fetch_optional(conn)
-    .await?;
-    match ok {
-        Some(_) => Ok(()),
-        None => Err(StoreError::LeaseLost { run_id: fence.run_id.clone() }.into()),
-    }
+    sqlx::query("SELECT resumable_fence($1, $2)")
+        .bind(fence.run_id.as_str())
+        .bind(lease_key(fence))
+        .execute(conn)
+        .await
+        .map_err(|e| fenced(e, fence))?;
+    Ok(())
 }
 
 /// The lease key the server-side functions fence with: the claim's token in the high 32 bits and
@@ -481,18 +475,13 @@ async fn lock_parent(conn: &mut PgConnection, run_id: &RunId) -> Tx<Option<Strin
 
 /// Appends one event to the run's log under the next sequence number, and returns that number.
 async fn append(conn: &mut PgConnection, run_id: &RunId, kind: EventKind, payload: Value, now: Millis) -> Tx<i64> {
-    let seq: i64 = sqlx::query_scalar(
-        "WITH next AS (UPDATE runs SET last_seq = last_seq + 1, updated_at = $2 WHERE id = $1 RETURNING last_seq)
-         INSERT INTO events (run_id, seq, kind, payload, created_at)
-         SELECT $1, last_seq, $3, $4::jsonb, $2 FROM next
-         RETURNING seq",
-    )
-    .bind(run_id.as_str())
-    .bind(now)
-    .bind(kind.as_str())
-    .bind(to_json(&payload))
-    .fetch_one(conn)
-    .await?;
+    let seq: i64 = sqlx::query_scalar("SELECT resumable_append($1, $2, $3::jsonb, $4)")
+        .bind(run_id.as_str())
+        .bind(kind.as_str())
+        .bind(to_json(&payload))
+        .bind(now)
+        .fetch_one(conn)
+        .await?;
     Ok(seq)
 }
 
@@ -519,16 +508,7 @@ async fn release_resources(conn: &mut PgConnection, run_id: &RunId, now: Millis)
 /// Makes a run that has not ended runnable again: a waiting run becomes pending, a running one
 /// remembers the request so that its suspension is not final. The caller holds the row's lock.
 async fn wake_run(conn: &mut PgConnection, run_id: &str, now: Millis) -> Tx<()> {
-    sqlx::query(
-        "UPDATE runs SET wake_requested = TRUE,
-             updated_at = CASE WHEN status = 'waiting' THEN $2 ELSE updated_at END,
-             status = CASE WHEN status = 'waiting' THEN 'pending' ELSE status END
-         WHERE id = $1 AND status IN ('pending', 'running', 'waiting')",
-    )
-    .bind(run_id)
-    .bind(now)
-    .execute(conn)
-    .await?;
+    sqlx::query("SELECT resumable_wake_run($1, $2)").bind(run_id).bind(now).execute(conn).await?;
     Ok(())
 }
 
