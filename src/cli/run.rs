@@ -153,10 +153,7 @@ struct DemoOrders {
 
 impl DemoOrders {
     async fn open() -> Result<(DemoOrders, HostFunctions), RunError> {
-        let mut suffix = [0u8; 8];
-        getrandom::fill(&mut suffix).map_err(|err| RunError::internal(format!("no randomness: {err}")))?;
-        let hex: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
-        let dir = std::env::temp_dir().join(format!("resumable-run-demo-{}-{hex}", std::process::id()));
+        let dir = std::env::temp_dir().join(format!("resumable-demo-{}", resumable_workflow::RunId::generate()));
         std::fs::create_dir_all(&dir)
             .map_err(|err| RunError::internal(format!("cannot create {}: {err}", dir.display())))?;
         let url = format!("sqlite://{}", dir.join("demo.db").display());
