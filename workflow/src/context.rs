@@ -420,7 +420,7 @@ impl WorkflowContext {
         let value = serde_json::to_value(event)?;
         match self.store().append_stream(&self.inner.fence, position, &value).await {
             Ok(index) => {
-                self.inner.shared.streamed.notify_waiters();
+                self.inner.shared.changes.notify(&self.inner.fence.run_id);
                 Ok(index)
             }
             Err(e) => self.exec().abort(e.into()).await,

@@ -3,7 +3,6 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::pin::pin;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -11,6 +10,7 @@ use serde_json::Value;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinHandle;
 
+use crate::changes::RunChanges;
 use crate::context::WorkflowContext;
 use crate::error::{EngineError, WorkflowError};
 use crate::event::Event;
@@ -53,10 +53,9 @@ pub(crate) struct Shared {
     /// Signalled (one worker at a time) when a run may have become claimable; a worker that
     /// claims one wakes the next.
     pub(crate) wake: Notify,
-    /// Signalled when a run changed state (for waiters).
-    pub(crate) changed: Notify,
-    /// Signalled when a run of this process appended to its stream (for stream readers).
-    pub(crate) streamed: Arc<Notify>,
+    /// Signalled per run when it changed state or appended to its stream (for waiters and
+    /// stream readers).
+    pub(crate) changes: RunChanges,
     /// Executions in progress in this process, to abort them at once on cancel.
     pub(crate) executing: Mutex<HashMap<RunId, Arc<Execution>>>,
 }
@@ -132,8 +131,7 @@ impl EngineBuilder {
             options: self.options,
             owner,
             wake: Notify::new(),
-            changed: Notify::new(),
-            streamed: Arc::new(Notify::new()),
+            changes: RunChanges::default(),
             executing: Mutex::new(HashMap::new()),
         });
         let (shutdown, rx) = watch::channel(false);
@@ -167,8 +165,7 @@ async fn forward_wake_signal(
             shared.wake.notify_one();
         }
         seen = hints;
-        shared.changed.notify_waiters();
-        shared.streamed.notify_waiters();
+        shared.changes.notify_all();
     }
 }
 
@@ -244,9 +241,9 @@ impl Engine {
         done: impl Fn(&RunInfo) -> bool,
     ) -> Result<RunInfo, EngineError> {
         let deadline = tokio::time::Instant::now() + timeout;
+        let listener = self.shared.changes.listen(id);
         loop {
-            let mut changed = pin!(self.shared.changed.notified());
-            changed.as_mut().enable();
+            let changed = listener.next_change();
             let run = self.get_run(id).await?;
             if done(&run) {
                 return Ok(run);
@@ -273,7 +270,7 @@ impl Engine {
         if let Some(exec) = running {
             exec.abort_now(Abort::LeaseLost);
         }
-        self.shared.changed.notify_waiters();
+        self.shared.changes.notify(id);
         Ok(status)
     }
 

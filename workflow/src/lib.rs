@@ -31,6 +31,7 @@
 //! # Ok(()) }
 //! ```
 
+mod changes;
 mod child;
 mod context;
 mod engine;

@@ -2,7 +2,6 @@
 
 use std::collections::VecDeque;
 use std::fmt;
-use std::pin::pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -70,10 +69,8 @@ impl StreamReader {
                 return None;
             }
             // Register for wake-ups before reading, so an event appended in between is not missed.
-            let mut streamed = pin!(self.shared.streamed.notified());
-            streamed.as_mut().enable();
-            let mut changed = pin!(self.shared.changed.notified());
-            changed.as_mut().enable();
+            let listener = self.shared.changes.listen(&self.run_id);
+            let changed = listener.next_change();
             // The status is read before the events: a run that had ended by then wrote its last
             // event before, so the read below sees all of them.
             let run = match self.shared.store.get_run(&self.run_id).await {
@@ -94,7 +91,6 @@ impl StreamReader {
                 return None;
             }
             tokio::select! {
-                _ = streamed => {}
                 _ = changed => {}
                 _ = tokio::time::sleep(POLL) => {}
             }

@@ -89,7 +89,7 @@ async fn execute(shared: &Arc<Shared>, run: ClaimedRun) {
     drop(_heartbeat);
     shared.executing.lock().unwrap_or_else(|p| p.into_inner()).remove(&fence.run_id);
     record(&*shared.store, &fence, outcome).await;
-    shared.changed.notify_waiters();
+    shared.changes.notify(&fence.run_id);
     shared.wake.notify_one();
 }
 
