@@ -49,6 +49,8 @@ async fn settled(automations: &Automations, id: &RunId) -> resumable::automation
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    // Warnings of the engine (a database that refuses claims, say) go to stderr, away from the JSON.
+    tracing_subscriber::fmt().with_writer(std::io::stderr).with_max_level(tracing::Level::WARN).init();
     let count: usize = arg("--count").and_then(|c| c.parse().ok()).unwrap_or(500);
     let concurrency: usize = arg("--concurrency").and_then(|c| c.parse().ok()).unwrap_or(64);
     let workers: usize = arg("--workers").and_then(|c| c.parse().ok()).unwrap_or(16);

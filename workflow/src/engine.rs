@@ -15,6 +15,7 @@ use crate::context::WorkflowContext;
 use crate::error::{EngineError, WorkflowError};
 use crate::event::Event;
 use crate::execution::{Abort, Execution};
+use crate::failure_log::FailureLog;
 use crate::hook::{HookInfo, ResumeReceipt};
 use crate::ids::{RunId, random_hex};
 use crate::registry::Registry;
@@ -58,6 +59,8 @@ pub(crate) struct Shared {
     pub(crate) changes: RunChanges,
     /// Executions in progress in this process, to abort them at once on cancel.
     pub(crate) executing: Mutex<HashMap<RunId, Arc<Execution>>>,
+    /// Failures of the workers' claims, reported in the log.
+    pub(crate) claim_failures: FailureLog,
 }
 
 /// Stops the workers when the last [`Engine`] handle is dropped.
@@ -133,6 +136,7 @@ impl EngineBuilder {
             wake: Notify::new(),
             changes: RunChanges::default(),
             executing: Mutex::new(HashMap::new()),
+            claim_failures: FailureLog::new("claiming runs"),
         });
         let (shutdown, rx) = watch::channel(false);
         let mut workers: Vec<JoinHandle<()>> = (0..shared.options.workers)

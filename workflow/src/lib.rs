@@ -38,6 +38,7 @@ mod engine;
 mod error;
 mod event;
 mod execution;
+mod failure_log;
 mod hook;
 mod ids;
 mod registry;

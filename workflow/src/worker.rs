@@ -8,6 +8,7 @@ use tokio::sync::watch;
 
 use crate::context::WorkflowContext;
 use crate::engine::Shared;
+use crate::error::StoreError;
 use crate::execution::{Abort, Execution, Outcome};
 use crate::store::{ClaimRequest, ClaimedRun, Fence, RunOutcome, Store};
 use crate::time::{duration_ms, now_ms};
@@ -27,7 +28,12 @@ pub(crate) async fn run_worker(shared: Arc<Shared>, mut shutdown: watch::Receive
         // Register interest before looking for work, so a wake-up in between is not lost.
         let mut woken = pin!(shared.wake.notified());
         woken.as_mut().enable();
-        let delay = match shared.store.claim(&request).await {
+        let claimed = shared.store.claim(&request).await;
+        match &claimed {
+            Ok(_) => shared.claim_failures.succeeded(),
+            Err(e) => shared.claim_failures.failed(e),
+        }
+        let delay = match claimed {
             Ok(Some(run)) => {
                 // There may be more: let one more idle worker look (wake-ups chain while work lasts).
                 shared.wake.notify_one();
@@ -96,7 +102,7 @@ async fn execute(shared: &Arc<Shared>, run: ClaimedRun) {
 /// Records the outcome of an execution. Failures to record are left to lease expiry: another
 /// execution will replay the run.
 async fn record(store: &dyn Store, fence: &Fence, outcome: Outcome) {
-    let _ = match outcome {
+    let recorded = match outcome {
         Outcome::Finished(Ok(output)) => store.finish_run(fence, RunOutcome::Completed(output)).await,
         Outcome::Finished(Err(e)) => store.finish_run(fence, RunOutcome::Failed(e.to_string())).await,
         Outcome::Suspended(wake_at) => store.suspend_run(fence, wake_at).await.map(drop),
@@ -108,6 +114,14 @@ async fn record(store: &dyn Store, fence: &Fence, outcome: Outcome) {
         }
         Outcome::Aborted(Abort::LeaseLost) => Ok(()),
     };
+    match recorded {
+        // Another execution owns the run, or it was cancelled: nothing to record any more.
+        Ok(()) | Err(StoreError::LeaseLost { .. }) => {}
+        Err(error) => tracing::warn!(
+            run = %fence.run_id, %error,
+            "could not record how an execution ended; the run is replayed once its lease expires"
+        ),
+    }
 }
 
 /// Renews the lease every third of its duration; aborts the execution once it is lost.
