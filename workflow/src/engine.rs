@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, broadcast, watch};
 use tokio::task::JoinHandle;
 
 use crate::changes::RunChanges;
@@ -143,33 +143,55 @@ impl EngineBuilder {
             .map(|_| tokio::spawn(worker::run_worker(Arc::clone(&shared), rx.clone())))
             .collect();
         if let Some(signal) = shared.store.wake_signal() {
-            workers.push(tokio::spawn(forward_wake_signal(signal, Arc::downgrade(&shared), rx)));
+            let runs = shared.store.changed_runs();
+            workers.push(tokio::spawn(forward_wake_signal(signal, runs, Arc::downgrade(&shared), rx)));
         }
         Engine { shared, lifetime: Arc::new(Lifetime { shutdown, workers: Mutex::new(workers) }) }
     }
 }
 
 /// Turns the store's cross-process wake-up hints into this engine's local wake-ups: a worker looks
-/// for work only when a run may have become runnable; waiters for runs and streams look on every
-/// change.
+/// for work only when a run may have become runnable; the waiters of a run that another process
+/// named as changed look again, and every waiter looks on a change that names no run (or when
+/// this engine fell behind the named ones).
 async fn forward_wake_signal(
     mut signal: watch::Receiver<WakeHints>,
+    mut runs: Option<broadcast::Receiver<RunId>>,
     shared: std::sync::Weak<Shared>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut seen = *signal.borrow_and_update();
     loop {
-        tokio::select! {
-            changed = signal.changed() => if changed.is_err() { return },
-            changed = shutdown.changed() => if changed.is_err() || *shutdown.borrow() { return },
-        }
-        let hints = *signal.borrow_and_update();
+        let named = async {
+            match runs.as_mut() {
+                Some(runs) => runs.recv().await,
+                None => std::future::pending().await,
+            }
+        };
+        let run = tokio::select! {
+            changed = signal.changed() => match changed {
+                Ok(()) => None,
+                Err(_) => return,
+            },
+            named = named => Some(named),
+            changed = shutdown.changed() => if changed.is_err() || *shutdown.borrow() { return } else { continue },
+        };
         let Some(shared) = shared.upgrade() else { return };
-        if hints.work != seen.work {
-            shared.wake.notify_one();
+        match run {
+            Some(Ok(run)) => shared.changes.notify(&run),
+            Some(Err(broadcast::error::RecvError::Lagged(_))) => shared.changes.notify_all(),
+            Some(Err(broadcast::error::RecvError::Closed)) => runs = None,
+            None => {
+                let hints = *signal.borrow_and_update();
+                if hints.work != seen.work {
+                    shared.wake.notify_one();
+                }
+                if hints.changes != seen.changes {
+                    shared.changes.notify_all();
+                }
+                seen = hints;
+            }
         }
-        seen = hints;
-        shared.changes.notify_all();
     }
 }
 

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::Value;
-use tokio::sync::watch;
+use tokio::sync::{broadcast, watch};
 
 use crate::error::StoreError;
 use crate::event::Event;
@@ -298,12 +298,13 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
 
 /// What another process announced, as counters that only grow (so that hints coalesced by a
 /// [`watch`] channel are never lost): `work` counts hints that a run may have become runnable,
-/// `changes` every hint (work included).
+/// `changes` hints that some run, not named, may have changed (changes of named runs arrive
+/// through [`Store::changed_runs`]).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct WakeHints {
     /// Hints that a run may have become runnable.
     pub work: u64,
-    /// Hints that a run may have changed.
+    /// Hints that some run, not named, may have changed.
     pub changes: u64,
 }
 
@@ -317,6 +318,14 @@ pub trait Store: Send + Sync + 'static {
     /// streams; polling remains the fallback. `None` (the default) when the backend has no such
     /// channel.
     fn wake_signal(&self) -> Option<watch::Receiver<WakeHints>> {
+        None
+    }
+
+    /// The runs that other processes announced as changed (or runnable), by name, as the
+    /// announcements arrive, so that an engine wakes only the waiters of those runs. A receiver
+    /// that falls behind gets [`broadcast::error::RecvError::Lagged`] and should consider every
+    /// run changed. `None` (the default) when the backend names no runs.
+    fn changed_runs(&self) -> Option<broadcast::Receiver<RunId>> {
         None
     }
 

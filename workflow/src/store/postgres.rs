@@ -29,7 +29,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgListener, PgPoolOptions, PgRow};
 use sqlx::{Executor, PgConnection, PgPool, Postgres, QueryBuilder, Row};
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{broadcast, oneshot, watch};
 use tokio::task::JoinHandle;
 
 use super::{
@@ -49,6 +49,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
     (2, "step_functions", include_str!("../../migrations/postgres/0002_step_functions.sql")),
     (3, "more_functions", include_str!("../../migrations/postgres/0003_more_functions.sql")),
+    (4, "wake_names_the_run", include_str!("../../migrations/postgres/0004_wake_names_the_run.sql")),
 ];
 
 /// The advisory lock that serializes migrations of all stores opening one database.
@@ -57,11 +58,16 @@ const MIGRATION_LOCK: i64 = 0x7265_7375_6d61_626c;
 /// How often a transaction that hit a deadlock or a serialization failure is tried in all.
 const TRANSACTION_TRIES: u32 = 5;
 
-/// The notification payload that announces a run that may have become runnable.
+/// The notification that announces a run that may have become runnable: `work:<run id>`, or
+/// `work` alone when the run is not named.
 const WORK: &str = "work";
-/// The notification payload that announces a change no worker needs to claim (a run that ended
-/// without waking another, or that waits for nothing but an outside event).
+/// The notification that announces a change no worker needs to claim (a run that ended without
+/// waking another, or that waits for nothing but an outside event): `changed:<run id>`, or
+/// `changed` alone.
 const CHANGED: &str = "changed";
+/// How many named changes the listener buffers for engines that have not read them yet; an engine
+/// that falls further behind wakes all its waiters instead.
+const CHANGED_RUNS_BUFFER: usize = 1024;
 
 /// The longest PostgreSQL identifier (schema and channel names), in bytes.
 const MAX_IDENTIFIER: usize = 63;
@@ -110,6 +116,8 @@ pub struct PgStore {
     /// The notification channel, or `None` when notifications are off.
     channel: Option<Arc<str>>,
     wake: Option<watch::Receiver<WakeHints>>,
+    /// Runs named by notifications, for engines to subscribe to.
+    changed: Option<broadcast::Sender<RunId>>,
     listener: Arc<ListenerHandle>,
 }
 
@@ -253,7 +261,7 @@ impl PgStore {
             .await
             .map_err(db)?;
         migrate(&pool, options.schema.as_deref()).await?;
-        let mut store = PgStore { pool, channel: None, wake: None, listener: Arc::default() };
+        let mut store = PgStore { pool, channel: None, wake: None, changed: None, listener: Arc::default() };
         if notifications {
             let channel = options.notify_channel.clone();
             // A pool of one connection that the listener (re)connects through.
@@ -268,10 +276,13 @@ impl PgStore {
             // Listening before `open` returns: no notification sent after it is missed.
             let listener = listen(&listen_pool, &channel).await.map_err(db)?;
             let (bump, wake) = watch::channel(WakeHints::default());
+            let (changed, _) = broadcast::channel(CHANGED_RUNS_BUFFER);
             let (stop, stopped) = oneshot::channel();
-            let task = tokio::spawn(listen_loop(listen_pool, channel.clone(), listener, bump, stopped));
+            let announced = Announced { hints: bump, runs: changed.clone() };
+            let task = tokio::spawn(listen_loop(listen_pool, channel.clone(), listener, announced, stopped));
             store.channel = Some(Arc::from(channel));
             store.wake = Some(wake);
+            store.changed = Some(changed);
             store.listener = Arc::new(ListenerHandle { stop: Mutex::new(Some(stop)), task: Mutex::new(Some(task)) });
         }
         Ok(store)
@@ -292,14 +303,18 @@ impl PgStore {
         Ok(self.pool.begin().await?)
     }
 
-    /// Queues a notification that a run may have become runnable, delivered at commit.
+    /// Queues a notification that a run, unnamed, may have become runnable, delivered at commit.
     async fn notify(&self, conn: &mut PgConnection) -> Tx<()> {
-        self.announce(conn, WORK).await
+        self.announce(conn, WORK, None).await
     }
 
-    /// Queues notification `payload` ([`WORK`] or [`CHANGED`]), delivered at commit.
-    async fn announce(&self, conn: &mut PgConnection, payload: &str) -> Tx<()> {
+    /// Queues notification `kind` ([`WORK`] or [`CHANGED`]) about `run`, delivered at commit.
+    async fn announce(&self, conn: &mut PgConnection, kind: &str, run: Option<&str>) -> Tx<()> {
         if let Some(channel) = &self.channel {
+            let payload = match run {
+                Some(run) => format!("{kind}:{run}"),
+                None => kind.to_owned(),
+            };
             sqlx::query("SELECT pg_notify($1, $2)").bind(&**channel).bind(payload).execute(conn).await?;
         }
         Ok(())
@@ -319,22 +334,59 @@ fn listen<'a>(pool: &'a PgPool, channel: &'a str) -> BoxFuture<'a, Result<PgList
 /// [`CHANGED`] notification counts as a change, any other as work. A lost connection is
 /// re-established (with backoff) and followed by one bump of both: notifications may have been
 /// missed.
+/// Where the listener passes on what it heard.
+struct Announced {
+    hints: watch::Sender<WakeHints>,
+    runs: broadcast::Sender<RunId>,
+}
+
+impl Announced {
+    /// Passes on a group of notifications received together.
+    fn tell<'a>(&self, payloads: impl IntoIterator<Item = &'a str>) {
+        let (mut work, mut unnamed) = (false, false);
+        for payload in payloads {
+            let (kind, run) = match payload.split_once(':') {
+                Some((kind, run)) => (kind, Some(run)),
+                None => (payload, None),
+            };
+            work |= kind != CHANGED;
+            match run {
+                // No engine listening is fine: nobody waits then.
+                Some(run) => drop(self.runs.send(RunId::from(run))),
+                None => unnamed = true,
+            }
+        }
+        self.bump(work, unnamed);
+    }
+
+    /// Everything may have changed (the connection was lost meanwhile).
+    fn anything(&self) {
+        self.bump(true, true);
+    }
+
+    fn bump(&self, work: bool, unnamed: bool) {
+        if !work && !unnamed {
+            return;
+        }
+        self.hints.send_modify(|h| {
+            if unnamed {
+                h.changes = h.changes.wrapping_add(1);
+            }
+            if work {
+                h.work = h.work.wrapping_add(1);
+            }
+        });
+    }
+}
+
 async fn listen_loop(
     pool: PgPool,
     channel: String,
     listener: PgListener,
-    bump: watch::Sender<WakeHints>,
+    announced: Announced,
     mut stop: oneshot::Receiver<()>,
 ) {
-    let hint = |work: bool| {
-        bump.send_modify(|h| {
-            h.changes = h.changes.wrapping_add(1);
-            if work {
-                h.work = h.work.wrapping_add(1);
-            }
-        })
-    };
-    let signal = || hint(true);
+    let signal = || announced.anything();
     let mut listener = Some(listener);
     let mut delay = Duration::from_millis(50);
     'run: loop {
@@ -361,11 +413,11 @@ async fn listen_loop(
             _ = &mut stop => break 'run,
             received = current.try_recv() => match received {
                 Ok(Some(first)) => {
-                    let mut work = first.payload() != CHANGED;
+                    let mut group = vec![first];
                     while let Some(next) = current.next_buffered() {
-                        work |= next.payload() != CHANGED;
+                        group.push(next);
                     }
-                    hint(work);
+                    announced.tell(group.iter().map(|n| n.payload()));
                 }
                 // The connection was lost and re-established.
                 Ok(None) => signal(),
@@ -675,7 +727,7 @@ impl PgStore {
         }
         let payload = run.created_event();
         append(&mut tx, &id, EventKind::RunCreated, payload, now).await?;
-        self.notify(&mut tx).await?;
+        self.announce(&mut tx, WORK, Some(id.as_str())).await?;
         tx.commit().await?;
         Ok(CreatedRun { run_id: id, created: true })
     }
@@ -935,13 +987,11 @@ impl PgStore {
         .await?;
         append(&mut tx, &fence.run_id, kind, payload, now).await?;
         // Only a woken parent is work for another engine; waiters for this run are told of the change.
-        let announcement = if let Some(parent) = parent {
+        if let Some(parent) = parent {
             wake_run(&mut tx, &parent, now).await?;
-            WORK
-        } else {
-            CHANGED
-        };
-        self.announce(&mut tx, announcement).await?;
+            self.announce(&mut tx, WORK, Some(parent.as_str())).await?;
+        }
+        self.announce(&mut tx, CHANGED, Some(fence.run_id.as_str())).await?;
         tx.commit().await?;
         Ok(())
     }
@@ -1025,6 +1075,10 @@ impl PgStore {
 impl Store for PgStore {
     fn wake_signal(&self) -> Option<watch::Receiver<WakeHints>> {
         self.wake.clone()
+    }
+
+    fn changed_runs(&self) -> Option<broadcast::Receiver<RunId>> {
+        self.changed.as_ref().map(broadcast::Sender::subscribe)
     }
 
     fn create_run(&self, run: NewRun) -> BoxFuture<'_, Result<CreatedRun, StoreError>> {
@@ -1466,6 +1520,28 @@ mod tests {
         drop_schema(&url, &schema).await;
     }
 
+    #[test]
+    fn notifications_that_name_a_run_wake_its_waiters_and_the_others_wake_everybody() {
+        let (hints, watched) = watch::channel(WakeHints::default());
+        let (runs, mut named) = broadcast::channel(8);
+        let announced = Announced { hints, runs };
+        announced.tell(["changed:run_a"]);
+        assert_eq!(*watched.borrow(), WakeHints::default(), "a named change is for that run's waiters only");
+        assert_eq!(named.try_recv().unwrap(), RunId::from("run_a"));
+        announced.tell(["work:run_b", "changed:run_c"]);
+        assert_eq!(*watched.borrow(), WakeHints { work: 1, changes: 0 });
+        assert_eq!(named.try_recv().unwrap(), RunId::from("run_b"));
+        assert_eq!(named.try_recv().unwrap(), RunId::from("run_c"));
+        // Payloads of an earlier release name no run.
+        announced.tell(["changed"]);
+        assert_eq!(*watched.borrow(), WakeHints { work: 1, changes: 1 });
+        announced.tell(["work"]);
+        assert_eq!(*watched.borrow(), WakeHints { work: 2, changes: 2 });
+        announced.anything();
+        assert_eq!(*watched.borrow(), WakeHints { work: 3, changes: 3 });
+        assert!(named.try_recv().is_err());
+    }
+
     #[tokio::test]
     async fn wake_signal_follows_other_stores_and_ends_with_its_store() {
         let Some(url) = server_url() else { return };
@@ -1473,38 +1549,37 @@ mod tests {
         let writer = PgStore::open_with(&url, options(&schema)).await.unwrap();
         let reader = PgStore::open_with(&url, options(&schema)).await.unwrap();
         let mut signal = reader.wake_signal().unwrap();
+        let mut runs = reader.changed_runs().unwrap();
         signal.borrow_and_update();
         let wait = Duration::from_secs(5);
-        writer.create_run(new_run("w")).await.unwrap();
+        let created = writer.create_run(new_run("w")).await.unwrap().run_id;
+        // A new run is work for a worker, and names itself for whoever waits on it.
         tokio::time::timeout(wait, signal.changed()).await.expect("notified of a new run").unwrap();
-        let created = *signal.borrow_and_update();
-        assert!(created.work >= 1 && created.changes >= created.work, "{created:?}");
-        // A run that ends without a parent to wake is a change, not work for anyone.
+        let hints = *signal.borrow_and_update();
+        assert!(hints.work >= 1 && hints.changes == 0, "{hints:?}");
+        assert_eq!(tokio::time::timeout(wait, runs.recv()).await.expect("told which run").unwrap(), created);
+        // A run that ends without a parent to wake is a change of that run, not work for anyone.
         let request =
             ClaimRequest { owner: "hints".into(), workflows: vec!["w".into()], lease: Duration::from_secs(30) };
         let claimed = writer.claim(&request).await.unwrap().expect("the run is claimed");
         writer.finish_run(&claimed.fence, RunOutcome::Completed(json!(1))).await.unwrap();
-        tokio::time::timeout(wait, async {
-            while signal.borrow_and_update().changes == created.changes {
-                signal.changed().await.unwrap();
-            }
-        })
-        .await
-        .expect("told of the change");
-        assert_eq!(signal.borrow().work, created.work, "an ended run wakes no worker");
+        assert_eq!(tokio::time::timeout(wait, runs.recv()).await.expect("told of the change").unwrap(), created);
+        assert_eq!(*signal.borrow(), hints, "an ended run wakes no worker and names itself");
         // A store without notifications neither sends nor listens.
         let quiet =
             PgStore::open_with(&url, PgStoreOptions { notifications: false, ..options(&schema) }).await.unwrap();
-        assert!(quiet.wake_signal().is_none());
+        assert!(quiet.wake_signal().is_none() && quiet.changed_runs().is_none());
         signal.borrow_and_update();
         quiet.create_run(new_run("w")).await.unwrap();
         assert!(tokio::time::timeout(Duration::from_millis(300), signal.changed()).await.is_err());
-        // Dropping the last clone of the store ends its listener task, and with it the signal.
+        assert!(runs.try_recv().is_err());
+        // Dropping the last clone of the store ends its listener task, and with it the signals.
         let clone = reader.clone();
         drop(reader);
         drop(clone);
         let ended = tokio::time::timeout(wait, async { while signal.changed().await.is_ok() {} }).await;
         assert!(ended.is_ok(), "the listener outlived its store");
+        assert!(matches!(runs.recv().await, Err(broadcast::error::RecvError::Closed)));
         writer.close().await;
         quiet.close().await;
         drop_schema(&url, &schema).await;
