@@ -5,8 +5,12 @@
 //! fresh schema of its own (`rt_<unix seconds>_<random>_bench`, the format whose leftovers the
 //! PostgreSQL tests sweep away), dropped at the end. Worker processes are this program re-executed
 //! with `--worker` (configured through an environment variable); each opens its own [`PgStore`]
-//! (a pool of `workers + 2` connections, all opened before the measurement) and runs an engine
-//! with `--workers-per-process` workers (8 by default). The bench process itself only starts,
+//! (a pool of `--connections-per-process` connections, 3 by default, all opened before the
+//! measurement) and runs an engine with `--workers-per-process` workers (8 by default), which take
+//! turns on the connections. A few connections per process suit a fleet that shares a 2-core
+//! server: with 4 processes, measured in one sitting, 10 connections each gave 1,266–1,397
+//! steps/s and 3 each 1,578–1,634 (more backends than cores only add contention on the server).
+//! The bench process itself only starts,
 //! watches and resumes runs (an engine without workers). Measured, each `--reps` times (3 by
 //! default), medians reported:
 //!
@@ -66,6 +70,7 @@ struct Args {
     runs: usize,
     steps: usize,
     workers: usize,
+    connections: usize,
     reps: usize,
     resumes: usize,
     processes: Vec<usize>,
@@ -90,6 +95,7 @@ impl Args {
             runs: number("--runs", if quick { 50 } else { 400 }),
             steps: number("--steps", 10),
             workers: number("--workers-per-process", 8),
+            connections: number("--connections-per-process", 3),
             reps: number("--reps", if quick { 1 } else { 3 }),
             resumes: number("--resumes", if quick { 20 } else { 100 }),
             processes,
@@ -185,7 +191,7 @@ async fn worker(config: Value) {
     let url = format!("{url}{separator}application_name={}", worker_application(schema));
     let url = url.as_str();
     let workers = usize::try_from(config["workers"].as_u64().expect("workers")).expect("workers");
-    let connections = u32::try_from(workers + 2).expect("connections");
+    let connections = u32::try_from(config["connections"].as_u64().expect("connections")).expect("connections");
     let store = PgStore::open_with(url, store_options(schema, connections)).await.expect("open store");
     let (lines_tx, mut lines) = mpsc::unbounded_channel();
     std::thread::spawn(move || {
@@ -225,9 +231,10 @@ struct Fleet {
 
 impl Fleet {
     /// Starts `n` worker processes and waits until each one's pool is connected.
-    async fn start(url: &str, schema: &str, workers: usize, n: usize) -> Fleet {
+    async fn start(url: &str, schema: &str, workers: usize, connections: usize, n: usize) -> Fleet {
         let (tx, lines) = mpsc::unbounded_channel();
-        let config = json!({ "url": url, "schema": schema, "workers": workers }).to_string();
+        let config =
+            json!({ "url": url, "schema": schema, "workers": workers, "connections": connections }).to_string();
         let mut children = Vec::new();
         for index in 0..n {
             let mut child = Command::new(std::env::current_exe().expect("own path"))
@@ -372,7 +379,8 @@ impl Bench {
             s.await.expect("starter");
         }
         let client_cpu_before = children_cpu_ms();
-        let mut fleet = Fleet::start(&self.args.db, &self.schema, self.args.workers, processes).await;
+        let mut fleet =
+            Fleet::start(&self.args.db, &self.schema, self.args.workers, self.args.connections, processes).await;
         tokio::time::sleep(Duration::from_millis(200)).await;
         let backends = self.probe.backends(&worker_application(&self.schema)).await;
         let server_cpu_before = cpu_ms_of(&backends);
@@ -483,7 +491,8 @@ impl Bench {
 
     /// One measurement: `args.resumes` resumes of a run waiting in one of `processes` processes.
     async fn hook_once(&mut self, processes: usize) -> (Vec<f64>, Vec<f64>, Vec<f64>) {
-        let mut fleet = Fleet::start(&self.args.db, &self.schema, self.args.workers, processes).await;
+        let mut fleet =
+            Fleet::start(&self.args.db, &self.schema, self.args.workers, self.args.connections, processes).await;
         fleet.go().await;
         let token = format!("bench-{}", random_hex(8));
         let n = self.args.resumes;
@@ -573,7 +582,7 @@ async fn bench(args: Args) -> Value {
         "runs": args.runs,
         "steps_per_run": args.steps,
         "workers_per_process": args.workers,
-        "connections_per_process": args.workers + 2,
+        "connections_per_process": args.connections,
         "reps": args.reps,
         "resumes": args.resumes,
         "processes": args.processes,

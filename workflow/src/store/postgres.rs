@@ -75,7 +75,10 @@ const MAX_IDENTIFIER: usize = 63;
 /// Options of [`PgStore::open_with`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PgStoreOptions {
-    /// Connections of the pool (8 by default), besides the one that listens for wake-ups.
+    /// Connections of the pool (8 by default), besides the one that listens for wake-ups. The
+    /// engine's workers take turns on them, so several engine processes sharing one server do
+    /// best with a few each, about two to four times the server's cores in all: more backends
+    /// than that only contend on the server (see the `bench_processes` example).
     pub max_connections: u32,
     /// Connections opened at once and kept open while idle (2 by default, at most
     /// `max_connections`), so that leases are renewed without waiting for a new connection.
