@@ -54,9 +54,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let count: usize = arg("--count").and_then(|c| c.parse().ok()).unwrap_or(500);
     let concurrency: usize = arg("--concurrency").and_then(|c| c.parse().ok()).unwrap_or(64);
     let workers: usize = arg("--workers").and_then(|c| c.parse().ok()).unwrap_or(16);
-    let dir = std::env::temp_dir().join(format!("resumable-bench-approvals-{}", std::process::id()));
-    std::fs::create_dir_all(&dir)?;
-    let url = arg("--db").unwrap_or_else(|| format!("sqlite://{}", dir.join("bench.db").display()));
+    let dir = Scratch(std::env::temp_dir().join(format!("resumable-bench-approvals-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0)?;
+    let url = arg("--db").unwrap_or_else(|| format!("sqlite://{}", dir.0.join("bench.db").display()));
     let db = AppDb::open(&url).await?;
     let store = db.store();
     let orders = OrderBook::new(db.clone());
@@ -122,6 +122,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         })
     );
     automations.engine().shutdown().await;
-    let _ = std::fs::remove_dir_all(dir);
+    drop(dir);
     Ok(())
+}
+
+/// The bench's scratch directory, removed when the bench ends, after an error too.
+struct Scratch(std::path::PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }

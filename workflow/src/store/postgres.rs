@@ -68,6 +68,8 @@ const CHANGED: &str = "changed";
 /// How many named changes the listener buffers for engines that have not read them yet; an engine
 /// that falls further behind wakes all its waiters instead.
 const CHANGED_RUNS_BUFFER: usize = 1024;
+/// The most runs one transaction announces by name; more are announced as one unnamed change.
+const MAX_NAMED_CHANGES: usize = 16;
 
 /// The longest PostgreSQL identifier (schema and channel names), in bytes.
 const MAX_IDENTIFIER: usize = 63;
@@ -306,11 +308,6 @@ impl PgStore {
         Ok(self.pool.begin().await?)
     }
 
-    /// Queues a notification that a run, unnamed, may have become runnable, delivered at commit.
-    async fn notify(&self, conn: &mut PgConnection) -> Tx<()> {
-        self.announce(conn, WORK, None).await
-    }
-
     /// Queues notification `kind` ([`WORK`] or [`CHANGED`]) about `run`, delivered at commit.
     async fn announce(&self, conn: &mut PgConnection, kind: &str, run: Option<&str>) -> Tx<()> {
         if let Some(channel) = &self.channel {
@@ -344,9 +341,10 @@ struct Announced {
 }
 
 impl Announced {
-    /// Passes on a group of notifications received together.
+    /// Passes on a group of notifications received together: the counters first, then the named
+    /// runs (so whoever hears of a run also sees what the group did to the counters).
     fn tell<'a>(&self, payloads: impl IntoIterator<Item = &'a str>) {
-        let (mut work, mut unnamed) = (false, false);
+        let (mut work, mut unnamed, mut named) = (false, false, Vec::new());
         for payload in payloads {
             let (kind, run) = match payload.split_once(':') {
                 Some((kind, run)) => (kind, Some(run)),
@@ -354,12 +352,15 @@ impl Announced {
             };
             work |= kind != CHANGED;
             match run {
-                // No engine listening is fine: nobody waits then.
-                Some(run) => drop(self.runs.send(RunId::from(run))),
+                Some(run) => named.push(RunId::from(run)),
                 None => unnamed = true,
             }
         }
         self.bump(work, unnamed);
+        for run in named {
+            // No engine listening is fine: nobody waits then.
+            let _ = self.runs.send(run);
+        }
     }
 
     /// Everything may have changed (the connection was lost meanwhile).
@@ -1026,16 +1027,26 @@ impl PgStore {
         .fetch_all(&mut *tx)
         .await?;
         let cascade = format!("parent run {id} was cancelled");
+        let mut cancelled = vec![id.to_string()];
         for child in descendants {
             // It may have ended since the query; the lock makes its status final for this transaction.
             if lock_run(&mut tx, &child).await?.is_some_and(|s| !s.is_terminal()) {
-                cancel_locked(&mut tx, &RunId::from(child), &cascade, now).await?;
+                cancel_locked(&mut tx, &RunId::from(child.as_str()), &cascade, now).await?;
+                cancelled.push(child);
             }
         }
         if let Some(parent) = parent {
             wake_run(&mut tx, &parent, now).await?;
+            self.announce(&mut tx, WORK, Some(parent.as_str())).await?;
         }
-        self.notify(&mut tx).await?;
+        // A large cascade is announced as one change of unnamed runs.
+        if cancelled.len() > MAX_NAMED_CHANGES {
+            self.announce(&mut tx, CHANGED, None).await?;
+        } else {
+            for run in &cancelled {
+                self.announce(&mut tx, CHANGED, Some(run)).await?;
+            }
+        }
         tx.commit().await?;
         Ok(RunStatus::Cancelled)
     }
@@ -1568,6 +1579,14 @@ mod tests {
         writer.finish_run(&claimed.fence, RunOutcome::Completed(json!(1))).await.unwrap();
         assert_eq!(tokio::time::timeout(wait, runs.recv()).await.expect("told of the change").unwrap(), created);
         assert_eq!(*signal.borrow(), hints, "an ended run wakes no worker and names itself");
+        // So does a cancelled one.
+        let doomed = writer.create_run(new_run("w")).await.unwrap().run_id;
+        assert_eq!(tokio::time::timeout(wait, runs.recv()).await.expect("told of the new run").unwrap(), doomed);
+        tokio::time::timeout(wait, signal.changed()).await.expect("notified of a new run").unwrap();
+        let hints = *signal.borrow_and_update();
+        writer.cancel_run(&doomed, "not needed").await.unwrap();
+        assert_eq!(tokio::time::timeout(wait, runs.recv()).await.expect("told of the cancel").unwrap(), doomed);
+        assert_eq!(*signal.borrow(), hints, "a cancelled run without a parent wakes no worker");
         // A store without notifications neither sends nor listens.
         let quiet =
             PgStore::open_with(&url, PgStoreOptions { notifications: false, ..options(&schema) }).await.unwrap();
