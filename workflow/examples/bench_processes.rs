@@ -5,11 +5,12 @@
 //! fresh schema of its own (`rt_<unix seconds>_<random>_bench`, the format whose leftovers the
 //! PostgreSQL tests sweep away), dropped at the end. Worker processes are this program re-executed
 //! with `--worker` (configured through an environment variable); each opens its own [`PgStore`]
-//! (a pool of `--connections-per-process` connections, 3 by default, all opened before the
+//! (a pool of `--connections-per-process` connections, 2 by default, all opened before the
 //! measurement) and runs an engine with `--workers-per-process` workers (8 by default), which take
 //! turns on the connections. A few connections per process suit a fleet that shares a 2-core
-//! server: with 4 processes, measured in one sitting, 10 connections each gave 1,266–1,397
-//! steps/s and 3 each 1,578–1,634 (more backends than cores only add contention on the server).
+//! server (more backends than cores only add contention on the server). With 4 processes,
+//! alternated in one sitting: 10 connections each gave 1,266–1,397 steps/s, 3 each 1,578–1,634;
+//! in a later one (medians of 3 repetitions), 3 each 1,623 and 1,821, 2 each 1,883 and 1,941.
 //! The bench process itself only starts,
 //! watches and resumes runs (an engine without workers). Measured, each `--reps` times (3 by
 //! default), medians reported:
@@ -95,7 +96,7 @@ impl Args {
             runs: number("--runs", if quick { 50 } else { 400 }),
             steps: number("--steps", 10),
             workers: number("--workers-per-process", 8),
-            connections: number("--connections-per-process", 3),
+            connections: number("--connections-per-process", 2),
             reps: number("--reps", if quick { 1 } else { 3 }),
             resumes: number("--resumes", if quick { 20 } else { 100 }),
             processes,
