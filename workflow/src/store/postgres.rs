@@ -50,6 +50,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (2, "step_functions", include_str!("../../migrations/postgres/0002_step_functions.sql")),
     (3, "more_functions", include_str!("../../migrations/postgres/0003_more_functions.sql")),
     (4, "wake_names_the_run", include_str!("../../migrations/postgres/0004_wake_names_the_run.sql")),
+    (5, "finish_run_function", include_str!("../../migrations/postgres/0005_finish_run_function.sql")),
 ];
 
 /// The advisory lock that serializes migrations of all stores opening one database.
@@ -962,11 +963,6 @@ impl PgStore {
     }
 
     async fn finish_run_tx(&self, fence: &Fence, outcome: &RunOutcome) -> Tx<()> {
-        let now = now_ms();
-        let mut tx = self.begin().await?;
-        let parent = lock_parent(&mut tx, &fence.run_id).await?;
-        check_fence(&mut tx, fence).await?;
-        release_resources(&mut tx, &fence.run_id, now).await?;
         let (status, output, error, kind, payload) = match outcome {
             RunOutcome::Completed(v) => {
                 ("completed", Some(to_json(v)), None, EventKind::RunCompleted, json!({ "output": v }))
@@ -977,26 +973,20 @@ impl PgStore {
                 ("failed", None, Some(e), EventKind::RunFailed, payload)
             }
         };
-        sqlx::query(
-            "UPDATE runs SET status = $1, output = $2::jsonb, error = $3, completed_at = $4, wake_at = NULL,
-                 lease_owner = NULL, lease_expires_at = NULL
-             WHERE id = $5",
-        )
-        .bind(status)
-        .bind(output)
-        .bind(error.as_deref())
-        .bind(now)
-        .bind(fence.run_id.as_str())
-        .execute(&mut *tx)
-        .await?;
-        append(&mut tx, &fence.run_id, kind, payload, now).await?;
-        // Only a woken parent is work for another engine; waiters for this run are told of the change.
-        if let Some(parent) = parent {
-            wake_run(&mut tx, &parent, now).await?;
-            self.announce(&mut tx, WORK, Some(parent.as_str())).await?;
-        }
-        self.announce(&mut tx, CHANGED, Some(fence.run_id.as_str())).await?;
-        tx.commit().await?;
+        sqlx::query("SELECT resumable_finish_run($1, $2, $3, $4::jsonb, $5, $6, $7::jsonb, $8, $9, $10)")
+            .bind(fence.run_id.as_str())
+            .bind(lease_key(fence))
+            .bind(status)
+            .bind(output)
+            .bind(error.as_deref())
+            .bind(kind.as_str())
+            .bind(to_json(&payload))
+            .bind(EventKind::HookDisposed.as_str())
+            .bind(self.channel.as_deref())
+            .bind(now_ms())
+            .execute(&self.pool)
+            .await
+            .map_err(|e| fenced(e, fence))?;
         Ok(())
     }
 
