@@ -21,7 +21,7 @@ END $$;
 
 -- Ends p_run under lease p_lease with p_status ('completed' or 'failed'): its hooks disposed, its
 -- timers cancelled, event p_kind appended, its parent (if any) woken. p_channel, when not NULL,
--- is notified at commit: 'work:<parent>' for a woken parent, 'changed:<run>' always.
+-- is notified once at commit: 'work:<parent> changed:<run>', or 'changed:<run>' without a parent.
 CREATE FUNCTION resumable_finish_run(
     p_run TEXT, p_lease BIGINT, p_status TEXT, p_output JSONB, p_error TEXT, p_kind TEXT, p_payload JSONB,
     p_hook_kind TEXT, p_channel TEXT, p_now BIGINT)
@@ -41,11 +41,9 @@ BEGIN
     PERFORM resumable_append(p_run, p_kind, p_payload, p_now);
     IF v_parent IS NOT NULL THEN
         PERFORM resumable_wake_run(v_parent, p_now);
-        IF p_channel IS NOT NULL THEN
-            PERFORM pg_notify(p_channel, 'work:' || v_parent);
-        END IF;
     END IF;
     IF p_channel IS NOT NULL THEN
-        PERFORM pg_notify(p_channel, 'changed:' || p_run);
+        PERFORM pg_notify(p_channel,
+            CASE WHEN v_parent IS NOT NULL THEN 'work:' || v_parent || ' ' ELSE '' END || 'changed:' || p_run);
     END IF;
 END $$;

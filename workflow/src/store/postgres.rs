@@ -59,10 +59,11 @@ const MIGRATION_LOCK: i64 = 0x7265_7375_6d61_626c;
 /// How often a transaction that hit a deadlock or a serialization failure is tried in all.
 const TRANSACTION_TRIES: u32 = 5;
 
-/// The notification that announces a run that may have become runnable: `work:<run id>`, or
-/// `work` alone when the run is not named.
+/// A notification is one or more entries separated by spaces (one notification per transaction).
+/// This entry announces a run that may have become runnable: `work:<run id>`, or `work` alone
+/// when the run is not named.
 const WORK: &str = "work";
-/// The notification that announces a change no worker needs to claim (a run that ended without
+/// The entry that announces a change no worker needs to claim (a run that ended without
 /// waking another, or that waits for nothing but an outside event): `changed:<run id>`, or
 /// `changed` alone.
 const CHANGED: &str = "changed";
@@ -309,14 +310,18 @@ impl PgStore {
         Ok(self.pool.begin().await?)
     }
 
-    /// Queues notification `kind` ([`WORK`] or [`CHANGED`]) about `run`, delivered at commit.
-    async fn announce(&self, conn: &mut PgConnection, kind: &str, run: Option<&str>) -> Tx<()> {
+    /// Queues the transaction's one notification, delivered at commit: its entries, each a kind
+    /// ([`WORK`] or [`CHANGED`]) about a run or about no run in particular, separated by spaces.
+    async fn announce(&self, conn: &mut PgConnection, entries: &[(&str, Option<&str>)]) -> Tx<()> {
         if let Some(channel) = &self.channel {
-            let payload = match run {
-                Some(run) => format!("{kind}:{run}"),
-                None => kind.to_owned(),
-            };
-            sqlx::query("SELECT pg_notify($1, $2)").bind(&**channel).bind(payload).execute(conn).await?;
+            let payload: Vec<String> = entries
+                .iter()
+                .map(|(kind, run)| match run {
+                    Some(run) => format!("{kind}:{run}"),
+                    None => (*kind).to_owned(),
+                })
+                .collect();
+            sqlx::query("SELECT pg_notify($1, $2)").bind(&**channel).bind(payload.join(" ")).execute(conn).await?;
         }
         Ok(())
     }
@@ -346,7 +351,7 @@ impl Announced {
     /// runs (so whoever hears of a run also sees what the group did to the counters).
     fn tell<'a>(&self, payloads: impl IntoIterator<Item = &'a str>) {
         let (mut work, mut unnamed, mut named) = (false, false, Vec::new());
-        for payload in payloads {
+        for payload in payloads.into_iter().flat_map(str::split_whitespace) {
             let (kind, run) = match payload.split_once(':') {
                 Some((kind, run)) => (kind, Some(run)),
                 None => (payload, None),
@@ -732,7 +737,7 @@ impl PgStore {
         }
         let payload = run.created_event();
         append(&mut tx, &id, EventKind::RunCreated, payload, now).await?;
-        self.announce(&mut tx, WORK, Some(id.as_str())).await?;
+        self.announce(&mut tx, &[(WORK, Some(id.as_str()))]).await?;
         tx.commit().await?;
         Ok(CreatedRun { run_id: id, created: true })
     }
@@ -1025,18 +1030,18 @@ impl PgStore {
                 cancelled.push(child);
             }
         }
-        if let Some(parent) = parent {
-            wake_run(&mut tx, &parent, now).await?;
-            self.announce(&mut tx, WORK, Some(parent.as_str())).await?;
+        let mut entries = Vec::new();
+        if let Some(parent) = parent.as_deref() {
+            wake_run(&mut tx, parent, now).await?;
+            entries.push((WORK, Some(parent)));
         }
         // A large cascade is announced as one change of unnamed runs.
         if cancelled.len() > MAX_NAMED_CHANGES {
-            self.announce(&mut tx, CHANGED, None).await?;
+            entries.push((CHANGED, None));
         } else {
-            for run in &cancelled {
-                self.announce(&mut tx, CHANGED, Some(run)).await?;
-            }
+            entries.extend(cancelled.iter().map(|run| (CHANGED, Some(run.as_str()))));
         }
+        self.announce(&mut tx, &entries).await?;
         tx.commit().await?;
         Ok(RunStatus::Cancelled)
     }
@@ -1532,7 +1537,8 @@ mod tests {
         announced.tell(["changed:run_a"]);
         assert_eq!(*watched.borrow(), WakeHints::default(), "a named change is for that run's waiters only");
         assert_eq!(named.try_recv().unwrap(), RunId::from("run_a"));
-        announced.tell(["work:run_b", "changed:run_c"]);
+        // One notification per transaction, with several entries (a finished child and its parent).
+        announced.tell(["work:run_b changed:run_c"]);
         assert_eq!(*watched.borrow(), WakeHints { work: 1, changes: 0 });
         assert_eq!(named.try_recv().unwrap(), RunId::from("run_b"));
         assert_eq!(named.try_recv().unwrap(), RunId::from("run_c"));
@@ -1569,7 +1575,21 @@ mod tests {
         writer.finish_run(&claimed.fence, RunOutcome::Completed(json!(1))).await.unwrap();
         assert_eq!(tokio::time::timeout(wait, runs.recv()).await.expect("told of the change").unwrap(), created);
         assert_eq!(*signal.borrow(), hints, "an ended run wakes no worker and names itself");
-        // So does a cancelled one.
+        // A child that ends names itself and its parent, which is work again, in one notification.
+        let parent = writer.create_run(new_run("w")).await.unwrap().run_id;
+        assert_eq!(tokio::time::timeout(wait, runs.recv()).await.unwrap().unwrap(), parent);
+        let child =
+            writer.create_run(NewRun { parent_run_id: Some(parent.clone()), ..new_run("c") }).await.unwrap().run_id;
+        assert_eq!(tokio::time::timeout(wait, runs.recv()).await.unwrap().unwrap(), child);
+        let request =
+            ClaimRequest { owner: "hints".into(), workflows: vec!["c".into()], lease: Duration::from_secs(30) };
+        let claimed = writer.claim(&request).await.unwrap().expect("the child is claimed");
+        let before = *signal.borrow_and_update();
+        writer.finish_run(&claimed.fence, RunOutcome::Completed(json!(2))).await.unwrap();
+        assert_eq!(tokio::time::timeout(wait, runs.recv()).await.unwrap().unwrap(), parent);
+        assert_eq!(tokio::time::timeout(wait, runs.recv()).await.unwrap().unwrap(), child);
+        assert_eq!(signal.borrow_and_update().work, before.work + 1, "the woken parent is work");
+        // A cancelled run names itself too.
         let doomed = writer.create_run(new_run("w")).await.unwrap().run_id;
         assert_eq!(tokio::time::timeout(wait, runs.recv()).await.expect("told of the new run").unwrap(), doomed);
         tokio::time::timeout(wait, signal.changed()).await.expect("notified of a new run").unwrap();
