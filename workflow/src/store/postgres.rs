@@ -49,8 +49,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
     (2, "step_functions", include_str!("../../migrations/postgres/0002_step_functions.sql")),
     (3, "more_functions", include_str!("../../migrations/postgres/0003_more_functions.sql")),
-    (4, "wake_names_the_run", include_str!("../../migrations/postgres/0004_wake_names_the_run.sql")),
-    (5, "finish_run_function", include_str!("../../migrations/postgres/0005_finish_run_function.sql")),
+    (4, "finish_run_function", include_str!("../../migrations/postgres/0004_finish_run_function.sql")),
 ];
 
 /// The advisory lock that serializes migrations of all stores opening one database.
@@ -954,16 +953,21 @@ impl PgStore {
     }
 
     async fn suspend_run_tx(&self, fence: &Fence, wake_at: Option<Millis>) -> Tx<RunStatus> {
-        let status: String = sqlx::query_scalar("SELECT resumable_suspend_run($1, $2, $3, $4, $5, $6)")
-            .bind(fence.run_id.as_str())
-            .bind(lease_key(fence))
-            .bind(wake_at)
-            .bind(EventKind::RunSuspended.as_str())
-            .bind(self.channel.as_deref())
-            .bind(now_ms())
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| fenced(e, fence))?;
+        // The function's own notification (it names no run) is off; this statement sends one that does.
+        let status: String = sqlx::query_scalar(
+            "SELECT s.status, CASE WHEN $5::text IS NOT NULL THEN pg_notify($5,
+                 CASE WHEN s.status = 'pending' OR $3::bigint IS NOT NULL THEN 'work:' ELSE 'changed:' END || $1) END
+             FROM resumable_suspend_run($1, $2, $3, $4, NULL, $6) AS s(status)",
+        )
+        .bind(fence.run_id.as_str())
+        .bind(lease_key(fence))
+        .bind(wake_at)
+        .bind(EventKind::RunSuspended.as_str())
+        .bind(self.channel.as_deref())
+        .bind(now_ms())
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| fenced(e, fence))?;
         Ok(RunStatus::from_str(&status).map_err(StoreError::Corrupt)?)
     }
 
@@ -978,20 +982,25 @@ impl PgStore {
                 ("failed", None, Some(e), EventKind::RunFailed, payload)
             }
         };
-        sqlx::query("SELECT resumable_finish_run($1, $2, $3, $4::jsonb, $5, $6, $7::jsonb, $8, $9, $10)")
-            .bind(fence.run_id.as_str())
-            .bind(lease_key(fence))
-            .bind(status)
-            .bind(output)
-            .bind(error.as_deref())
-            .bind(kind.as_str())
-            .bind(to_json(&payload))
-            .bind(EventKind::HookDisposed.as_str())
-            .bind(self.channel.as_deref())
-            .bind(now_ms())
-            .execute(&self.pool)
-            .await
-            .map_err(|e| fenced(e, fence))?;
+        // One notification: the woken parent is work, and the run changed.
+        sqlx::query(
+            "SELECT CASE WHEN $10::text IS NOT NULL THEN
+                 pg_notify($10, COALESCE('work:' || f.parent || ' ', '') || 'changed:' || $1) END
+             FROM resumable_finish_run($1, $2, $3, $4::jsonb, $5, $6, $7::jsonb, $8, $9) AS f(parent)",
+        )
+        .bind(fence.run_id.as_str())
+        .bind(lease_key(fence))
+        .bind(status)
+        .bind(output)
+        .bind(error.as_deref())
+        .bind(kind.as_str())
+        .bind(to_json(&payload))
+        .bind(EventKind::HookDisposed.as_str())
+        .bind(now_ms())
+        .bind(self.channel.as_deref())
+        .execute(&self.pool)
+        .await
+        .map_err(|e| fenced(e, fence))?;
         Ok(())
     }
 
@@ -1047,20 +1056,24 @@ impl PgStore {
     }
 
     async fn resume_hook_tx(&self, token: &str, payload: &Value) -> Tx<ResumeReceipt> {
-        let row = sqlx::query("SELECT o_run, o_index FROM resumable_resume_hook($1, $2::jsonb, $3, $4, $5)")
-            .bind(token)
-            .bind(to_json(payload))
-            .bind(EventKind::HookReceived.as_str())
-            .bind(self.channel.as_deref())
-            .bind(now_ms())
-            .fetch_one(&self.pool)
-            .await
-            .map_err(|e| match &e {
-                sqlx::Error::Database(d) if d.code().as_deref() == Some("RS003") => {
-                    StoreError::HookNotFound(token.to_owned()).into()
-                }
-                _ => Failure::from(e),
-            })?;
+        // The function's own notification (it names no run) is off; this statement sends one that does.
+        let row = sqlx::query(
+            "SELECT h.o_run, h.o_index, CASE WHEN $4::text IS NOT NULL THEN pg_notify($4, 'work:' || h.o_run) END
+             FROM resumable_resume_hook($1, $2::jsonb, $3, NULL, $5) AS h",
+        )
+        .bind(token)
+        .bind(to_json(payload))
+        .bind(EventKind::HookReceived.as_str())
+        .bind(self.channel.as_deref())
+        .bind(now_ms())
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| match &e {
+            sqlx::Error::Database(d) if d.code().as_deref() == Some("RS003") => {
+                StoreError::HookNotFound(token.to_owned()).into()
+            }
+            _ => Failure::from(e),
+        })?;
         let run_id = RunId::from(get::<String>(&row, "o_run")?);
         let index: i64 = get(&row, "o_index")?;
         Ok(ResumeReceipt { run_id, index: index.unsigned_abs() })

@@ -1,5 +1,6 @@
 -- Ending a run as one server-side function: one round trip instead of eight (begin, the parent's
--- lock, the fence, the hooks, the timers, the run, its event, the notifications, commit).
+-- lock, the fence, the hooks, the timers, the run, its event, the notification, commit). The
+-- statement that calls it sends the notification, naming the run and the parent it returns.
 
 -- Disposes the run's active hooks (appending p_kind for each, in position order) and cancels its
 -- pending timers.
@@ -20,12 +21,11 @@ BEGIN
 END $$;
 
 -- Ends p_run under lease p_lease with p_status ('completed' or 'failed'): its hooks disposed, its
--- timers cancelled, event p_kind appended, its parent (if any) woken. p_channel, when not NULL,
--- is notified once at commit: 'work:<parent> changed:<run>', or 'changed:<run>' without a parent.
+-- timers cancelled, event p_kind appended, its parent (if any) woken. Returns the woken parent.
 CREATE FUNCTION resumable_finish_run(
     p_run TEXT, p_lease BIGINT, p_status TEXT, p_output JSONB, p_error TEXT, p_kind TEXT, p_payload JSONB,
-    p_hook_kind TEXT, p_channel TEXT, p_now BIGINT)
-RETURNS VOID
+    p_hook_kind TEXT, p_now BIGINT)
+RETURNS TEXT
 LANGUAGE plpgsql AS $$
 DECLARE
     v_parent TEXT;
@@ -42,8 +42,5 @@ BEGIN
     IF v_parent IS NOT NULL THEN
         PERFORM resumable_wake_run(v_parent, p_now);
     END IF;
-    IF p_channel IS NOT NULL THEN
-        PERFORM pg_notify(p_channel,
-            CASE WHEN v_parent IS NOT NULL THEN 'work:' || v_parent || ' ' ELSE '' END || 'changed:' || p_run);
-    END IF;
+    RETURN v_parent;
 END $$;
