@@ -102,7 +102,7 @@ impl Limit {
     pub const fn max(self) -> u64 {
         match self {
             Limit::Timeout | Limit::CpuTime => 24 * 60 * 60 * 1000,
-            Limit::Memory => 4 * GIB,
+            Limit::Memory => MAX_MEMORY_BYTES as u64,
             Limit::Stack => MAX_STACK_BYTES as u64,
             Limit::Source => 16 * MIB,
             Limit::Result | Limit::HostCallArguments | Limit::HostCallOutput => 64 * MIB,
@@ -125,6 +125,9 @@ impl Limit {
         Ok(value as u64)
     }
 }
+
+/// The largest JavaScript heap a run may ask for; each worker reserves this much address space.
+pub(crate) const MAX_MEMORY_BYTES: usize = 4 * GIB as usize;
 
 /// The largest JavaScript stack a run may ask for; worker threads get four times it.
 pub(crate) const MAX_STACK_BYTES: usize = 8 * 1024 * 1024;

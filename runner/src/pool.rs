@@ -67,11 +67,6 @@ fn work(jobs: Receiver<Task>, spinners: &AtomicUsize, stats: &StatsCounters) {
         if engine.is_none() {
             engine = Engine::new().ok();
         }
-        if jobs.is_empty() {
-            if let Some(engine) = engine.as_mut() {
-                engine.prepare_spare();
-            }
-        }
         let Some(Task { mut job, reply }) = next_task(&jobs, spinners) else { return };
         let result = if job.abort.load(Ordering::SeqCst) {
             Err(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"))
@@ -86,10 +81,10 @@ fn work(jobs: Receiver<Task>, spinners: &AtomicUsize, stats: &StatsCounters) {
         };
         stats.record(job.lookup);
         let _ = reply.send(result);
-        // Teardown happens after the caller has its answer.
+        // The realm goes back to its image after the caller has its answer.
         match engine.as_mut() {
             Some(current) if current.poisoned => engine = None,
-            Some(current) => current.retire(),
+            Some(current) => current.reset(),
             None => {}
         }
     }

@@ -104,10 +104,7 @@ fn serve() {
             return;
         }
         match engine.as_mut() {
-            Some(current) if !current.poisoned => {
-                current.retire();
-                current.prepare_spare();
-            }
+            Some(current) if !current.poisoned => current.reset(),
             _ => engine = Engine::new().ok(),
         }
     }

@@ -5,10 +5,11 @@
 //! `exceeded` latch stays set, the interrupt handler then stops the run, and the
 //! run ends with `RUN_MEMORY_LIMIT` whatever the script caught.
 //!
-//! Blocks come from mimalloc: the system allocator's per-thread arenas grow
-//! and shrink with an `mprotect` call each time a realm is built and freed,
-//! which cost more than building the realm itself.
+//! Guest blocks come from the worker's [`Arena`]; the compiler's from
+//! mimalloc (the system allocator's per-thread arenas grow and shrink with an
+//! `mprotect` call each time a context is built and freed).
 
+use super::arena::Arena;
 use mimalloc::MiMalloc;
 use rquickjs::allocator::Allocator;
 use std::alloc::{GlobalAlloc, Layout};
@@ -50,6 +51,11 @@ impl HeapMeter {
         self.ceiling.set(usize::MAX);
     }
 
+    /// Sets the count back to `used` (after the heap was restored to an image).
+    pub(crate) fn reset_to(&self, used: usize) {
+        self.used.set(used);
+    }
+
     /// Whether an allocation was refused since the budget started.
     pub(crate) fn exceeded(&self) -> bool {
         self.exceeded.get()
@@ -65,9 +71,64 @@ impl HeapMeter {
     }
 }
 
-/// The allocator installed in every worker runtime.
-pub(crate) struct MeteredAllocator {
+/// Where a metered allocator's blocks come from.
+pub(crate) trait Blocks: 'static {
+    /// A block of `layout`, zeroed when asked; null on failure.
+    fn allocate(&self, layout: Layout, zeroed: bool) -> *mut u8;
+    /// Frees a block.
+    ///
+    /// # Safety
+    /// `block` came from this source with `layout`.
+    unsafe fn deallocate(&self, block: *mut u8, layout: Layout);
+    /// Resizes a block; null (the old block kept) on failure.
+    ///
+    /// # Safety
+    /// `block` came from this source with `layout`.
+    unsafe fn reallocate(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8;
+}
+
+/// Blocks from mimalloc (the compiler's runtime).
+pub(crate) struct SystemBlocks;
+
+impl Blocks for SystemBlocks {
+    fn allocate(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        // SAFETY: `layout` has a non-zero size (it includes the header).
+        unsafe { if zeroed { MiMalloc.alloc_zeroed(layout) } else { MiMalloc.alloc(layout) } }
+    }
+
+    unsafe fn deallocate(&self, block: *mut u8, layout: Layout) {
+        unsafe { MiMalloc.dealloc(block, layout) }
+    }
+
+    unsafe fn reallocate(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        unsafe { MiMalloc.realloc(block, layout, new_size) }
+    }
+}
+
+/// Blocks from a worker's arena (the guest runtime).
+impl Blocks for Rc<Arena> {
+    fn allocate(&self, layout: Layout, zeroed: bool) -> *mut u8 {
+        let block = Arena::allocate(self, layout);
+        if zeroed && !block.is_null() {
+            // SAFETY: the block has `layout.size()` writable bytes.
+            unsafe { block.write_bytes(0, layout.size()) };
+        }
+        block
+    }
+
+    unsafe fn deallocate(&self, block: *mut u8, layout: Layout) {
+        unsafe { Arena::deallocate(self, block, layout) }
+    }
+
+    unsafe fn reallocate(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        unsafe { Arena::reallocate(self, block, layout, new_size) }
+    }
+}
+
+/// The allocator installed in the engine's runtimes.
+pub(crate) struct MeteredAllocator<B: Blocks> {
     pub(crate) meter: Rc<HeapMeter>,
+    pub(crate) blocks: B,
 }
 
 fn layout(size: usize) -> Option<Layout> {
@@ -78,7 +139,7 @@ unsafe fn size_of_block(ptr: *mut u8) -> usize {
     unsafe { ptr.sub(HEADER).cast::<usize>().read() }
 }
 
-unsafe impl Allocator for MeteredAllocator {
+unsafe impl<B: Blocks> Allocator for MeteredAllocator<B> {
     fn alloc(&mut self, size: usize) -> *mut u8 {
         self.allocate(size, false)
     }
@@ -97,7 +158,7 @@ unsafe impl Allocator for MeteredAllocator {
         unsafe {
             let size = size_of_block(ptr);
             self.meter.used.set(self.meter.used.get() - size);
-            MiMalloc.dealloc(ptr.sub(HEADER), layout(size).expect("layout was valid at allocation"));
+            self.blocks.deallocate(ptr.sub(HEADER), layout(size).expect("layout was valid at allocation"));
         }
     }
 
@@ -112,7 +173,7 @@ unsafe impl Allocator for MeteredAllocator {
         let Some(new_layout) = layout(new_size) else { return std::ptr::null_mut() };
         unsafe {
             let old_layout = layout(old_size).expect("layout was valid at allocation");
-            let base = MiMalloc.realloc(ptr.sub(HEADER), old_layout, new_layout.size());
+            let base = self.blocks.reallocate(ptr.sub(HEADER), old_layout, new_layout.size());
             if base.is_null() {
                 return std::ptr::null_mut();
             }
@@ -127,17 +188,17 @@ unsafe impl Allocator for MeteredAllocator {
     }
 }
 
-impl MeteredAllocator {
+impl<B: Blocks> MeteredAllocator<B> {
     fn allocate(&mut self, size: usize, zeroed: bool) -> *mut u8 {
         let Some(layout) = layout(size) else { return std::ptr::null_mut() };
         if !self.meter.admit(size) {
             return std::ptr::null_mut();
         }
+        let base = self.blocks.allocate(layout, zeroed);
+        if base.is_null() {
+            return std::ptr::null_mut();
+        }
         unsafe {
-            let base = if zeroed { MiMalloc.alloc_zeroed(layout) } else { MiMalloc.alloc(layout) };
-            if base.is_null() {
-                return std::ptr::null_mut();
-            }
             base.cast::<usize>().write(size);
             self.meter.used.set(self.meter.used.get() + size);
             base.add(HEADER)

@@ -1,16 +1,18 @@
-//! One QuickJS runtime per worker thread, with its compiler and a spare realm.
+//! One QuickJS runtime per worker thread, with its compiler and the image of a hardened realm.
 //!
 //! Warm state and configuration: what a worker keeps between runs (the
-//! runtime, the compiler context, the hardened spare realm, the bytecode
-//! cache) depends on nothing a run can configure. Intrinsics and the hardening
+//! runtime, the compiler context, the realm's image, the bytecode cache)
+//! depends on nothing a run can configure. Intrinsics and the hardening
 //! script are fixed per build (and part of [`engine_version`]); every limit
 //! that touches the runtime (stack size, memory budget, garbage-collection
 //! threshold, deadlines, CPU time) is applied at the start of each run by
 //! `execution::execute` and lifted after it. So one warm runtime serves runs
 //! with any limits, and a run never inherits the previous run's settings.
 
-use super::alloc::{HeapMeter, MeteredAllocator};
+use super::alloc::{HeapMeter, MeteredAllocator, SystemBlocks};
+use super::arena::{Arena, GrowthStep};
 use super::bytecode::{BytecodeCache, CacheKey};
+use super::execution::{self, CurrentRun};
 use super::interrupt::RunGuard;
 use super::js::{self, Bytecode};
 use super::serialize::ClassIds;
@@ -35,7 +37,7 @@ type GuestIntrinsics = (Date, RegExpCompiler, RegExp, Json, Proxy, MapSet, Promi
 type CompilerIntrinsics = (Eval, Date, RegExpCompiler, RegExp);
 
 const HARDEN_JS: &str = include_str!("harden.js");
-/// Garbage of retired realms allowed before a collection between runs.
+/// Garbage a run may make before the engine collects it.
 pub(crate) const GC_HEADROOM: usize = 4 * 1024 * 1024;
 /// The rquickjs release this crate is built against (checked against `Cargo.lock` by a test).
 const RQUICKJS_VERSION: &str = "0.14.0";
@@ -73,9 +75,11 @@ pub(crate) fn engine_version() -> [u8; 32] {
 pub(crate) struct RealmShared {
     pub clock: Cell<f64>,
     pub rng: RefCell<SeededRandom>,
+    /// The run the realm's dispatching natives serve (see `execution::CurrentRun`).
+    pub current: CurrentRun,
 }
 
-/// A hardened realm that no script has touched yet.
+/// The hardened realm every run starts from.
 pub(crate) struct Realm {
     pub helpers: Persistent<Object<'static>>,
     pub shared: Rc<RealmShared>,
@@ -83,34 +87,37 @@ pub(crate) struct Realm {
 }
 
 /// Per-worker engine. Not `Send`: it lives and dies on its worker thread.
+///
+/// Fresh realm per run: the guest runtime and its one hardened realm live in
+/// an [`Arena`] whose image is saved once they are built; after every run the
+/// image is copied back, so each run starts from the same bytes, untouched by
+/// any run before it (and a run that hit a limit leaves nothing behind).
 pub(crate) struct Engine {
-    spare: Option<Realm>,
-    /// The realm of the last run, dropped after its caller has the answer.
-    pub(crate) retired: Option<Realm>,
-    /// Bytes in use right after the last collection between runs.
-    collected_at: usize,
-    /// Set when the last run left state behind (a latched limit, queued jobs):
-    /// the worker then replaces the whole engine.
+    // Field order is drop order: JavaScript handles, then the runtime, then its memory.
+    pub(crate) realm: Realm,
+    /// Set while the realm differs from its image.
+    dirty: bool,
+    /// Set when a run panicked on the Rust side: the worker replaces the engine.
     pub(crate) poisoned: bool,
-    compiler: Context,
-    harden: Bytecode,
+    /// Heap bytes in use in the image.
+    image_used: usize,
     pub(crate) classes: ClassIds,
     cache: BytecodeCache,
     pub(crate) guard: Rc<RunGuard>,
     pub(crate) meter: Rc<HeapMeter>,
     pub(crate) runtime: Runtime,
+    compiler: Context,
+    arena: Rc<Arena>,
 }
 
 impl Engine {
     /// A fresh runtime with a default bytecode cache (see [`Engine::configure_cache`]).
     pub(crate) fn new() -> Result<Engine, RunError> {
-        let meter = HeapMeter::new();
-        let runtime = Runtime::new_with_alloc(MeteredAllocator { meter: meter.clone() })
-            .map_err(|e| RunError::internal(format!("cannot start the engine: {e}")))?;
-        let guard = RunGuard::new(meter.clone());
-        let handler_guard = guard.clone();
-        runtime.set_interrupt_handler(Some(Box::new(move || handler_guard.should_stop_checking_stack())));
-        let compiler = Context::custom::<CompilerIntrinsics>(&runtime)
+        let start = |e: rquickjs::Error| RunError::internal(format!("cannot start the engine: {e}"));
+        let compiler_runtime =
+            Runtime::new_with_alloc(MeteredAllocator { meter: HeapMeter::new(), blocks: SystemBlocks })
+                .map_err(start)?;
+        let compiler = Context::custom::<CompilerIntrinsics>(&compiler_runtime)
             .map_err(|e| RunError::internal(format!("cannot create the compiler: {e}")))?;
         let (harden, classes) = compiler.with(|ctx| {
             let harden = js::compile(&ctx, HARDEN_JS, "harden.js", 0)
@@ -134,56 +141,56 @@ impl Engine {
             };
             Ok::<_, RunError>((harden, classes))
         })?;
+
+        let arena = Rc::new(Arena::new().map_err(RunError::internal)?);
+        let meter = HeapMeter::new();
+        let runtime =
+            Runtime::new_with_alloc(MeteredAllocator { meter: meter.clone(), blocks: arena.clone() }).map_err(start)?;
+        let guard = RunGuard::new(meter.clone());
+        let handler_guard = guard.clone();
+        runtime.set_interrupt_handler(Some(Box::new(move || handler_guard.should_stop_checking_stack())));
+        let realm = build_realm(&runtime, &harden)?;
+        // Garbage of the hardening would only make the image bigger.
+        runtime.run_gc();
+        arena.save();
+        arena.grow_by(GrowthStep::Generous);
         Ok(Engine {
+            realm,
+            dirty: false,
             poisoned: false,
-            collected_at: 0,
-            spare: None,
-            retired: None,
-            compiler,
-            harden,
+            image_used: meter.used(),
             classes,
             cache: BytecodeCache::new(BytecodeCacheConfig::default()),
             guard,
             meter,
             runtime,
+            compiler,
+            arena,
         })
     }
 
-    /// Builds a realm now so the next run does not wait for it.
-    pub(crate) fn prepare_spare(&mut self) {
-        if self.spare.is_none() {
-            self.spare = self.new_realm().ok();
+    /// Readies [`Engine::realm`] for a run: as its image has it.
+    pub(crate) fn begin_run(&mut self) {
+        self.reset();
+        self.dirty = true;
+    }
+
+    /// Puts the realm back to its image. Called after the caller has its
+    /// answer; every handle a run took is gone by then.
+    pub(crate) fn reset(&mut self) {
+        if self.dirty {
+            // SAFETY: no script runs now, and the run's handles were dropped
+            // when `execute` returned; the realm's own handles predate the image.
+            unsafe { self.arena.restore() };
+            self.meter.reset_to(self.image_used);
+            self.dirty = false;
         }
     }
 
-    fn new_realm(&self) -> Result<Realm, RunError> {
-        let fail = |e: rquickjs::Error| RunError::internal(format!("cannot create a realm: {e}"));
-        let context = Context::custom::<GuestIntrinsics>(&self.runtime).map_err(fail)?;
-        let shared = Rc::new(RealmShared { clock: Cell::new(0.0), rng: RefCell::new(SeededRandom::new(0)) });
-        let helpers = context.with(|ctx| {
-            let natives = Object::new(ctx.clone())?;
-            let clock = shared.clone();
-            natives.set("now", Function::new(ctx.clone(), move || clock.clock.get())?.with_name("now")?)?;
-            let rng = shared.clone();
-            natives.set(
-                "random",
-                Function::new(ctx.clone(), move || rng.rng.borrow_mut().next_f64())?.with_name("random")?,
-            )?;
-            let harden = js::load(&ctx, &self.harden).map_err(|_| rquickjs::Error::Exception)?;
-            let harden = Function::from_value(harden)?;
-            let helpers: Object = harden.call((natives,))?;
-            Ok::<_, rquickjs::Error>(Persistent::save(&ctx, helpers))
-        });
-        let helpers = helpers.map_err(fail)?;
-        Ok(Realm { helpers, shared, context })
-    }
-
-    /// Takes the spare realm or builds one.
-    pub(crate) fn take_realm(&mut self) -> Result<Realm, RunError> {
-        match self.spare.take() {
-            Some(realm) => Ok(realm),
-            None => self.new_realm(),
-        }
+    /// Bytes copied back after each run.
+    #[cfg(test)]
+    pub(crate) fn image_bytes(&self) -> usize {
+        self.arena.image_bytes()
     }
 
     /// Applies the runner's bytecode cache bounds.
@@ -209,43 +216,78 @@ impl Engine {
             .map_err(|message| RunError::new(ErrorCode::Error, message))
     }
 
-    /// Frees the last run's realm. A realm is full of reference cycles, so it
-    /// is only reclaimed by a collection: one runs here, off the caller's path,
-    /// whenever the garbage of retired realms has grown by [`GC_HEADROOM`].
-    pub(crate) fn retire(&mut self) {
-        self.retired = None;
-        if self.meter.used() > self.collected_at.saturating_add(GC_HEADROOM) {
-            self.runtime.run_gc();
-            self.collected_at = self.meter.used();
-        }
-    }
-
     /// Runs one job to its outcome.
     pub(crate) fn execute(&mut self, job: &mut Job) -> Result<RawOutcome, RunError> {
         super::execution::execute(self, job)
     }
 }
 
+impl Drop for Engine {
+    fn drop(&mut self) {
+        // A run that panicked may have left the heap in any state; the
+        // runtime is freed from its image instead.
+        self.reset();
+    }
+}
+
+/// Builds the hardened realm in `runtime`: natives, then the hardening script.
+fn build_realm(runtime: &Runtime, harden: &Bytecode) -> Result<Realm, RunError> {
+    let fail = |e: rquickjs::Error| RunError::internal(format!("cannot create a realm: {e}"));
+    let context = Context::custom::<GuestIntrinsics>(runtime).map_err(fail)?;
+    let shared = Rc::new(RealmShared {
+        clock: Cell::new(0.0),
+        rng: RefCell::new(SeededRandom::new(0)),
+        current: CurrentRun::default(),
+    });
+    let helpers = context.with(|ctx| {
+        let natives = Object::new(ctx.clone())?;
+        let clock = shared.clone();
+        natives.set("now", Function::new(ctx.clone(), move || clock.clock.get())?.with_name("now")?)?;
+        let rng = shared.clone();
+        natives
+            .set("random", Function::new(ctx.clone(), move || rng.rng.borrow_mut().next_f64())?.with_name("random")?)?;
+        execution::add_dispatchers(&ctx, &natives, &shared)?;
+        let harden = js::load(&ctx, harden).map_err(|_| rquickjs::Error::Exception)?;
+        let harden = Function::from_value(harden)?;
+        let helpers: Object = harden.call((natives,))?;
+        Ok::<_, rquickjs::Error>(Persistent::save(&ctx, helpers))
+    });
+    let helpers = helpers.map_err(fail)?;
+    Ok(Realm { helpers, shared, context })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    /// Realms are full of cycles: without a collection between runs every
-    /// retired realm would stay in memory.
+    /// Runs `source` (a function body) in the engine's realm, as a run would.
+    fn run_in(engine: &mut Engine, source: &str) -> String {
+        let code = engine.compile(source).unwrap();
+        engine.begin_run();
+        engine.realm.context.with(|ctx| {
+            let main = Function::from_value(js::load(&ctx, &code).unwrap()).unwrap();
+            let promise: rquickjs::Promise = main.call(()).unwrap();
+            while ctx.execute_pending_job() {}
+            let value: Value = promise.result::<Value>().unwrap().unwrap();
+            let text = ctx.json_stringify(value).unwrap().map(|s| s.to_string().unwrap());
+            text.unwrap_or_default()
+        })
+    }
+
+    /// After a run the realm is its image again: what the run changed and
+    /// allocated is gone, and 2,000 runs leave nothing behind.
     #[test]
-    fn retired_realms_are_collected() {
+    fn every_run_starts_from_the_image() {
         let mut engine = Engine::new().unwrap();
-        engine.retired = Some(engine.take_realm().unwrap());
-        engine.retire();
-        let baseline = engine.meter.used();
+        let image_used = engine.meter.used();
+        let mutate = "Object.prototype.leak = (Object.prototype.leak || 0) + 1; globalThis.kept = []; \
+                      for (let i = 0; i < 1000; i++) kept.push({ i }); return [({}).leak, typeof seen]";
         for _ in 0..2_000 {
-            // As before every run: the engine's own collector waits for headroom.
-            engine.runtime.set_gc_threshold(engine.meter.used() + GC_HEADROOM);
-            engine.retired = Some(engine.take_realm().unwrap());
-            engine.retire();
+            assert_eq!(run_in(&mut engine, mutate), "[1,\"undefined\"]");
+            engine.reset();
+            assert_eq!(engine.meter.used(), image_used);
         }
-        let grown = engine.meter.used().saturating_sub(baseline);
-        assert!(grown <= 2 * GC_HEADROOM, "2,000 retired realms left {grown} bytes behind");
+        assert_eq!(run_in(&mut engine, "return [typeof kept, ({}).leak === undefined]"), "[\"undefined\",true]");
     }
 
     /// A new rquickjs release must change the engine version (and so every cache key).
@@ -263,34 +305,31 @@ mod realm_timing {
     use super::*;
     use std::time::Instant;
 
-    /// What one fresh realm costs: the floor under every run's CPU time.
+    /// What a fresh realm costs built anew and restored from the image.
     /// `cargo test --release -p resumable-runner --lib realm_costs -- --ignored --nocapture`
     #[test]
     #[ignore = "timing report, run by hand in release mode"]
     fn realm_costs() {
-        let engine = Engine::new().unwrap();
+        let mut engine = Engine::new().unwrap();
         let per = |started: Instant, n: usize| started.elapsed().as_secs_f64() * 1e6 / n as f64;
+        let harden = engine.compiler.with(|ctx| js::compile(&ctx, HARDEN_JS, "harden.js", 0)).unwrap();
         for _ in 0..3 {
             let n = 500;
-            engine.runtime.set_gc_threshold(usize::MAX);
             let started = Instant::now();
-            let contexts: Vec<Context> =
-                (0..n).map(|_| Context::custom::<GuestIntrinsics>(&engine.runtime).unwrap()).collect();
-            let context_us = per(started, n);
-            drop(contexts);
-            engine.runtime.run_gc();
-            let started = Instant::now();
-            let realms: Vec<Realm> = (0..n).map(|_| engine.new_realm().unwrap()).collect();
-            let realm_us = per(started, n);
-            let started = Instant::now();
+            let realms: Vec<Realm> = (0..n).map(|_| build_realm(&engine.runtime, &harden).unwrap()).collect();
+            let build_us = per(started, n);
             drop(realms);
-            let drop_us = per(started, n);
-            let started = Instant::now();
             engine.runtime.run_gc();
-            let gc_us = per(started, n);
+            engine.reset();
+            let started = Instant::now();
+            for _ in 0..n {
+                engine.begin_run();
+                engine.reset();
+            }
+            let restore_us = per(started, n);
             eprintln!(
-                "per realm: context {context_us:.1} µs, hardened realm {realm_us:.1} µs, \
-                 drop {drop_us:.1} µs, collection {gc_us:.1} µs"
+                "per realm: built {build_us:.1} µs, restored {restore_us:.1} µs ({} bytes copied)",
+                engine.image_bytes()
             );
         }
     }

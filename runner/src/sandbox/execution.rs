@@ -28,7 +28,7 @@ use rquickjs::function::Rest;
 use rquickjs::promise::PromiseState;
 use rquickjs::{Ctx, Function, Object, Promise, Value, qjs};
 use serde_json::Value as Json;
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::ffi::c_void;
 use std::rc::Rc;
@@ -47,7 +47,8 @@ pub(crate) fn execute(engine: &mut Engine, job: &mut Job) -> Result<RawOutcome, 
     engine.configure_cache(job.cache);
     let (code, lookup) = engine.bytecode(&job.source, &job.source_hash)?;
     job.lookup = Some(lookup);
-    let realm = engine.take_realm()?;
+    engine.begin_run();
+    let realm = &engine.realm;
 
     let stack_size = job.limits.usize(Limit::Stack);
     let runtime = realm.context.get_runtime_ptr();
@@ -69,14 +70,12 @@ pub(crate) fn execute(engine: &mut Engine, job: &mut Job) -> Result<RawOutcome, 
     engine.runtime.set_gc_threshold(engine.meter.used() + (budget / 2).min(GC_HEADROOM));
     engine.meter.start_budget(budget);
 
-    let outcome = run_in_realm(&realm, engine.guard.clone(), engine.classes, job, &code, deadline);
+    let outcome = run_in_realm(realm, engine.guard.clone(), engine.classes, job, &code, deadline);
 
-    // Jobs left in the queue, or a latched limit, would leak into the next
-    // run on this runtime: such a runtime is discarded.
-    engine.poisoned = engine.guard.check().is_some() || unsafe { qjs::JS_IsJobPending(runtime) };
+    // Jobs left in the queue, a latched limit and everything else the run did
+    // are undone when the engine restores the realm's image (`Engine::reset`).
     engine.meter.lift();
     engine.guard.disarm();
-    engine.retired = Some(realm);
     outcome
 }
 
@@ -91,12 +90,90 @@ fn run_in_realm(
     realm.context.with(|ctx| {
         let helpers = realm.helpers.clone().restore(&ctx).map_err(engine_error)?;
         let env = Rc::new(RunEnv::new(job, guard, classes, realm.shared.clone(), &helpers, deadline)?);
+        let serving = realm.shared.current.serve(&env);
         let job = &*job;
         let result = install(&ctx, &env, &helpers)
             .and_then(|()| Driver { ctx: ctx.clone(), env: env.clone(), job }.run(code, deadline));
+        drop(serving);
         env.finish();
         result
     })
+}
+
+/// The run a realm's dispatching natives serve. The natives are part of the
+/// realm's image and own no Rust state of any run: they find the run here,
+/// set only while its script can execute.
+#[derive(Default)]
+pub(crate) struct CurrentRun(Cell<*const ()>);
+
+/// Clears [`CurrentRun`] when the run ends, however it ends.
+struct Serving<'a>(&'a CurrentRun);
+
+impl CurrentRun {
+    fn serve<'a>(&'a self, env: &Rc<RunEnv<'_>>) -> Serving<'a> {
+        self.0.set(Rc::as_ptr(env).cast());
+        Serving(self)
+    }
+
+    /// The run being served, if any.
+    ///
+    /// The pointer is set by [`CurrentRun::serve`] from a `RunEnv` of this
+    /// realm's context that outlives the `Serving` guard, and natives run
+    /// only inside that context while the guard exists; `'js` names the same
+    /// context there.
+    fn env<'js>(&self) -> Option<&RunEnv<'js>> {
+        let env = self.0.get().cast::<RunEnv<'js>>();
+        // SAFETY: see above.
+        unsafe { env.as_ref() }
+    }
+}
+
+impl Drop for Serving<'_> {
+    fn drop(&mut self) {
+        self.0.0.set(std::ptr::null());
+    }
+}
+
+/// Adds the natives that serve every run (`hostCall`, `consoleWrite`,
+/// `unknownFunction`) to `natives`, for the hardening script to wrap.
+pub(crate) fn add_dispatchers<'js>(
+    ctx: &Ctx<'js>,
+    natives: &Object<'js>,
+    shared: &Rc<RealmShared>,
+) -> rquickjs::Result<()> {
+    let realm = shared.clone();
+    let host = Function::new(ctx.clone(), move |ctx: Ctx<'js>, args: Rest<Value<'js>>| {
+        let Some(env) = realm.current.env() else { return Err(js::throw_uncatchable(&ctx, "no run is active")) };
+        let mut args = args.0;
+        let function = args.first().and_then(Value::as_int).and_then(|i| env.functions.get(i as usize));
+        let Some(function) = function else { return Err(js::throw_uncatchable(&ctx, "unknown host function")) };
+        args.remove(0);
+        host_call(&ctx, env, function, args)
+    })?;
+    natives.set("hostCall", host.with_name("hostCall")?)?;
+    let realm = shared.clone();
+    let console = Function::new(ctx.clone(), move |ctx: Ctx<'js>, args: Rest<Value<'js>>| {
+        let Some(env) = realm.current.env() else { return };
+        let level = match args.0.first().and_then(Value::as_int) {
+            Some(1) => ConsoleLevel::Info,
+            Some(2) => ConsoleLevel::Warn,
+            Some(3) => ConsoleLevel::Error,
+            _ => ConsoleLevel::Log,
+        };
+        console_write(&ctx, env, level, args.0.get(1..).unwrap_or_default());
+    })?;
+    natives.set("consoleWrite", console.with_name("consoleWrite")?)?;
+    let realm = shared.clone();
+    let unknown = Function::new(ctx.clone(), move |ctx: Ctx<'js>, name: Value<'js>| -> rquickjs::Result<()> {
+        let Some(env) = realm.current.env() else { return Err(js::throw_uncatchable(&ctx, "no run is active")) };
+        counted_attempt(&ctx, env)?;
+        let name = js_string(ctx.as_raw().as_ptr(), name.as_raw()).unwrap_or_default();
+        let message = unknown_function_message(&name, env.functions.iter().map(String::as_str));
+        let error = env.our_error(&ctx, ErrorCode::HostFunctionError, message, None)?;
+        Err(ctx.throw(error))
+    })?;
+    natives.set("unknownFunction", unknown.with_name("unknownFunction")?)?;
+    Ok(())
 }
 
 fn engine_error(e: rquickjs::Error) -> RunError {
@@ -313,62 +390,32 @@ impl<'js> RunEnv<'js> {
         }
     }
 
-    /// Namespaces with their function names, from the sorted full names.
-    fn namespaces(&self) -> Vec<(&str, Vec<&str>)> {
-        let mut out: Vec<(&str, Vec<&str>)> = Vec::new();
-        for name in self.functions.iter() {
+    /// Namespaces with their function names and indexes in `functions`, from the sorted full names.
+    fn namespaces(&self) -> Vec<(&str, Vec<(&str, usize)>)> {
+        let mut out: Vec<(&str, Vec<(&str, usize)>)> = Vec::new();
+        for (index, name) in self.functions.iter().enumerate() {
             let Some((namespace, function)) = name.split_once('.') else { continue };
             match out.last_mut() {
-                Some((last, members)) if *last == namespace => members.push(function),
-                _ => out.push((namespace, vec![function])),
+                Some((last, members)) if *last == namespace => members.push((function, index)),
+                _ => out.push((namespace, vec![(function, index)])),
             }
         }
         out
     }
 }
 
-/// Puts the run's console and host namespaces into the realm.
+/// Puts the run's host namespaces into the realm (the console is part of its image).
 fn install<'js>(ctx: &Ctx<'js>, env: &Rc<RunEnv<'js>>, helpers: &Object<'js>) -> Result<(), RunError> {
     let build = || -> rquickjs::Result<()> {
-        let methods = Object::new(ctx.clone())?;
-        for (name, level) in [
-            ("log", ConsoleLevel::Log),
-            ("debug", ConsoleLevel::Log),
-            ("info", ConsoleLevel::Info),
-            ("warn", ConsoleLevel::Warn),
-            ("error", ConsoleLevel::Error),
-        ] {
-            let env = env.clone();
-            let method = Function::new(ctx.clone(), move |ctx: Ctx<'js>, args: Rest<Value<'js>>| {
-                console_write(&ctx, &env, level, &args.0);
-            })?
-            .with_name(name)?;
-            methods.set(name, method)?;
-        }
-        let install_console: Function = helpers.get("installConsole")?;
-        install_console.call::<_, ()>((methods,))?;
-
         let make_namespace: Function = helpers.get("makeNamespace")?;
         for (namespace, functions) in env.namespaces() {
-            let members = Object::new(ctx.clone())?;
-            for function in functions {
-                let full: Rc<str> = format!("{namespace}.{function}").into();
-                let env = env.clone();
-                let native = Function::new(ctx.clone(), move |ctx: Ctx<'js>, args: Rest<Value<'js>>| {
-                    host_call(&ctx, &env, &full, args.0)
-                })?
-                .with_name(function)?;
-                members.set(function, native)?;
+            let names = rquickjs::Array::new(ctx.clone())?;
+            let indexes = rquickjs::Array::new(ctx.clone())?;
+            for (i, (function, index)) in functions.into_iter().enumerate() {
+                names.set(i, function)?;
+                indexes.set(i, index as i32)?;
             }
-            let env = env.clone();
-            let unknown = Function::new(ctx.clone(), move |ctx: Ctx<'js>, name: Value<'js>| -> rquickjs::Result<()> {
-                counted_attempt(&ctx, &env)?;
-                let name = js_string(ctx.as_raw().as_ptr(), name.as_raw()).unwrap_or_default();
-                let message = unknown_function_message(&name, env.functions.iter().map(String::as_str));
-                let error = env.our_error(&ctx, ErrorCode::HostFunctionError, message, None)?;
-                Err(ctx.throw(error))
-            })?;
-            make_namespace.call::<_, ()>((namespace, members, unknown))?;
+            make_namespace.call::<_, ()>((namespace, names, indexes))?;
         }
         Ok(())
     };

@@ -1,14 +1,15 @@
-// Runs once in every fresh realm, before any script, with natives from the
-// runner. It removes ambient authority and nondeterminism, pins the globals
+// Runs once in the realm a worker saves as its image (every run starts from
+// that image), before any script, with natives from the runner. It removes ambient authority and nondeterminism, pins the globals
 // that replay depends on, and returns helpers the runner uses per run.
 (function harden(natives) {
   'use strict';
   const g = globalThis;
-  const { defineProperty, freeze, setPrototypeOf, getOwnPropertyNames } = Object;
+  const { defineProperty, freeze, setPrototypeOf } = Object;
   const construct = Reflect.construct;
+  const apply = Reflect.apply;
+  const bind = Function.prototype.bind;
   const reflectGet = Reflect.get;
   const ObjectPrototype = Object.prototype;
-  const hasOwn = Object.hasOwn;
   const pin = (target, name, value) =>
     defineProperty(target, name, { value, writable: false, enumerable: false, configurable: false });
 
@@ -51,15 +52,29 @@
   // them only changes what it sees (and replays the same way). Touching them
   // here would also build them in every realm, used or not.
 
+  // Host functions and console methods are the runner's dispatching natives
+  // bound to an index; the natives find the current run themselves.
+  const bindNative = (native, argument, name) => {
+    const bound = apply(bind, native, [undefined, argument]);
+    defineProperty(bound, 'name', { value: name, writable: false, enumerable: false, configurable: true });
+    return bound;
+  };
+  const { hostCall, consoleWrite, unknownFunction } = natives;
+
   // Looking up a missing function on a namespace yields a function that fails
   // with RUN_HOST_FUNCTION_ERROR naming what exists.
-  const makeNamespace = (name, members, unknown) => {
+  const makeNamespace = (name, functions, indexes) => {
+    const members = {};
+    for (let i = 0; i < functions.length; i++) {
+      const value = bindNative(hostCall, indexes[i], functions[i]);
+      defineProperty(members, functions[i], { value, writable: true, enumerable: true, configurable: true });
+    }
     const fallback = new Proxy(ObjectPrototype, {
       get(target, key, receiver) {
         if (typeof key !== 'string' || key === 'then' || key in target) {
           return reflectGet(target, key, receiver);
         }
-        return function unknownHostFunction() { return unknown(name + '.' + key); };
+        return function unknownHostFunction() { return unknownFunction(name + '.' + key); };
       },
     });
     setPrototypeOf(members, fallback);
@@ -67,19 +82,17 @@
     pin(g, name, members);
   };
 
-  const installConsole = (methods) => {
-    const console = { __proto__: null };
-    for (const level of getOwnPropertyNames(methods)) {
-      if (hasOwn(methods, level)) console[level] = methods[level];
-    }
-    pin(g, 'console', freeze(console));
-  };
+  const console = { __proto__: null };
+  const levels = [['log', 0], ['debug', 0], ['info', 1], ['warn', 2], ['error', 3]];
+  for (let i = 0; i < levels.length; i++) {
+    console[levels[i][0]] = bindNative(consoleWrite, levels[i][1], levels[i][0]);
+  }
+  pin(g, 'console', freeze(console));
 
   const stackAccessor = Object.getOwnPropertyDescriptor(Error.prototype, 'stack');
   return freeze({
     __proto__: null,
     makeNamespace,
-    installConsole,
     dateToISOString: OriginalDate.prototype.toISOString,
     errorStack: stackAccessor && typeof stackAccessor.get === 'function' ? stackAccessor.get : undefined,
   });

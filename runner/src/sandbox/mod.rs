@@ -1,6 +1,7 @@
 //! The QuickJS side of a run: one [`Engine`] per worker thread.
 
 mod alloc;
+mod arena;
 mod bytecode;
 mod console;
 mod engine;

@@ -65,8 +65,9 @@
 //! runs: `REPLAY_MODEL_FIRST=26 REPLAY_MODEL_TRACES=1` reruns trace 26 alone
 //! (same script and resolution choices; host timing may differ).
 //!
-//! Found while writing it: retired realms were never collected (fixed; see
-//! `retired_realms_are_collected` in `runner/src/sandbox/engine.rs`).
+//! Found while writing it: retired realms were never collected (fixed then;
+//! realms are now restored from an image, see `every_run_starts_from_the_image`
+//! in `runner/src/sandbox/engine.rs`).
 
 use resumable_runner::codec::{SignedCodec, SignedCodecConfig};
 
@@ -550,10 +551,9 @@ fn check_interruption(
 
 impl Model {
     /// The current runner of `slot`. Every `TRACES_PER_RUNNER` traces a new runner
-    /// replaces it and the old one shuts down after its last run: each run leaks
-    /// its realm (see `retired_realms_are_garbage_collected`), and the ~35,000 runs
-    /// of this test would hold about 2 GB. Traces still going at a switch resume on the
-    /// new runner (same secret), so resuming on another runner is covered too.
+    /// replaces it and the old one shuts down after its last run. Traces still going
+    /// at a switch resume on the new runner (same secret), so resuming on another
+    /// runner is covered too.
     fn runner(&self, slot: usize, trace: u64) -> Runner {
         let generation = trace / TRACES_PER_RUNNER;
         let mut slot = self.runners[slot].lock().unwrap();

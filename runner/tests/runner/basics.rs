@@ -11,6 +11,28 @@ async fn returns_a_value() {
     assert_eq!(value(&runner, RunRequest::new("1 + 1")).await, json!(null), "no return is undefined, i.e. null");
 }
 
+/// The runner's own functions (console methods, host functions) belong to each
+/// run's realm: what one run does to them or their prototypes, the next never
+/// sees. (Functions built by rquickjs once took the first realm's
+/// `Function.prototype`, shared by every later run on that worker.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_runners_functions_carry_nothing_between_runs() {
+    let codec = resumable_runner::codec::SignedCodec::new(resumable_runner::codec::SignedCodecConfig::new(SECRET));
+    let one_worker = resumable_runner::RunnerConfig::new().workers(1).codec(codec.unwrap());
+    let runner = resumable_runner::Runner::new(one_worker).unwrap();
+    let tools = Tools::default();
+    let source = "const natives = [console.log, console.error, tools.sum, Object.getPrototypeOf(console.log), \
+                  Object.getPrototypeOf(tools.sum)]; \
+                  const seen = natives.map((f) => f.leak === undefined); \
+                  natives.forEach((f, i) => { f.leak = i; }); \
+                  return [seen, Object.getPrototypeOf(console.log) === Function.prototype, \
+                          Object.getPrototypeOf(tools.sum) === Function.prototype, await tools.sum(1, 2)]";
+    for _ in 0..4 {
+        let request = RunRequest::new(source).host(tools.host());
+        assert_eq!(value(&runner, request).await, json!([[true, true, true, true, true], true, true, 3]));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_runs_have_their_own_realms() {
     let runner = runner();
