@@ -6,13 +6,14 @@
 //! latency of submit → pending and decide → completed (`{n, min, median, p99, max}` in ms).
 //! The default database is a fresh SQLite file (WAL, `synchronous=FULL`); pass
 //! `--db postgres://…` for PostgreSQL (its tables are reused; orders are per-run ids).
-//! `--workers` is the engine's concurrent executions (16). Scripts run on worker threads here;
-//! the server runs them in worker processes.
+//! `--workers` is the service's concurrency, automations executing at once (default: the
+//! service's, `DEFAULT_CONCURRENCY`). Scripts run on worker threads here; the server runs them
+//! in worker processes.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use resumable::automation::{Automations, Decision, DecisionBatch};
+use resumable::automation::{Automations, DEFAULT_CONCURRENCY, Decision, DecisionBatch};
 use resumable::db::AppDb;
 use resumable::orders::OrderBook;
 use resumable_workflow::{RunId, RunStatus};
@@ -53,7 +54,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt().with_writer(std::io::stderr).with_max_level(tracing::Level::WARN).init();
     let count: usize = arg("--count").and_then(|c| c.parse().ok()).unwrap_or(500);
     let concurrency: usize = arg("--concurrency").and_then(|c| c.parse().ok()).unwrap_or(64);
-    let workers: usize = arg("--workers").and_then(|c| c.parse().ok()).unwrap_or(16);
+    let workers: usize = arg("--workers").and_then(|c| c.parse().ok()).unwrap_or(DEFAULT_CONCURRENCY);
     let dir = Scratch(std::env::temp_dir().join(format!("resumable-bench-approvals-{}", std::process::id())));
     std::fs::create_dir_all(&dir.0)?;
     let url = arg("--db").unwrap_or_else(|| format!("sqlite://{}", dir.0.join("bench.db").display()));
@@ -67,7 +68,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let host = orders.clone();
     let automations = Automations::builder(store, db, &[5u8; 32])
         .host(move |tenant| host.host_functions(tenant))
-        .engine(move |e| e.workers(workers))
+        .concurrency(workers)
         .build()?;
 
     let gate = Arc::new(Semaphore::new(concurrency));
@@ -114,6 +115,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "backend": backend,
             "automations": count,
             "concurrency": concurrency,
+            "workers": workers,
             "approvals_per_s": (count as f64 / elapsed).round(),
             "total_s": (elapsed * 1000.0).round() / 1000.0,
             "submit_to_pending_ms": stats(asked),

@@ -216,3 +216,42 @@ async fn of_32_concurrent_decisions_exactly_one_is_applied() {
     assert_eq!(s.automations.get("globex", &id).await.unwrap_err(), AutomationError::WrongTenant);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+/// The service's concurrency sizes the script workers too: `concurrency` automations can each
+/// be inside a host call at the same moment (a runner left at one worker per core would hold
+/// all but two of them back, and the gate below would never open).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn as_many_scripts_wait_on_host_calls_at_once_as_the_concurrency_allows() {
+    const AT_ONCE: usize = 6;
+    let dir = temp_dir();
+    let url = format!("sqlite://{}", dir.join("service.db").display());
+    let db = AppDb::open(&url).await.unwrap();
+    let gate = std::sync::Arc::new(tokio::sync::Barrier::new(AT_ONCE));
+    let automations = Automations::builder(db.store(), db, SECRET)
+        .host(move |_tenant| {
+            let gate = gate.clone();
+            resumable_runner::host::HostFunctions::builder()
+                .function("gate.arrive", move |_ctx, _args| {
+                    let gate = gate.clone();
+                    async move {
+                        let opened = tokio::time::timeout(Duration::from_secs(10), gate.wait()).await.is_ok();
+                        Ok(json!(opened))
+                    }
+                })
+                .build()
+                .unwrap()
+        })
+        .concurrency(AT_ONCE)
+        .build()
+        .unwrap();
+    let mut ids = Vec::new();
+    for _ in 0..AT_ONCE {
+        ids.push(automations.submit("acme", "return await gate.arrive()", Value::Null, "tester", None).await.unwrap());
+    }
+    for id in &ids {
+        automations.engine().wait_for(id, WAIT).await.unwrap();
+        let view = automations.get("acme", id).await.unwrap();
+        assert_eq!((view.status, view.result.clone()), (RunStatus::Completed, Some(json!(true))), "{view:?}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}

@@ -61,13 +61,21 @@ impl Pool {
     }
 }
 
+/// Serves tasks on one worker thread. Its engine is built for the first task (a runner sized
+/// for many concurrent runs costs nothing for workers it never needs), and rebuilt at once
+/// after a run broke it.
 fn work(jobs: Receiver<Task>, spinners: &AtomicUsize, stats: &StatsCounters) {
     let mut engine: Option<Engine> = None;
+    let mut used = false;
     loop {
-        if engine.is_none() {
+        if engine.is_none() && used {
             engine = Engine::new().ok();
         }
         let Some(Task { mut job, reply }) = next_task(&jobs, spinners) else { return };
+        if engine.is_none() {
+            engine = Engine::new().ok();
+        }
+        used = true;
         let result = if job.abort.load(Ordering::SeqCst) {
             Err(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"))
         } else {

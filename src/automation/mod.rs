@@ -39,6 +39,11 @@ use workflow::{Deps, run_automation};
 /// The default policy version bound into continuations.
 pub const DEFAULT_POLICY_VERSION: &str = "1";
 
+/// Automations that execute at once unless [`AutomationsBuilder::concurrency`] says otherwise.
+/// Executions mostly wait on the database (their own steps, and their scripts' host calls), so
+/// this is well above the number of cores; a runner worker that waits costs no CPU.
+pub const DEFAULT_CONCURRENCY: usize = 64;
+
 /// Builds [`Automations`].
 pub struct AutomationsBuilder {
     store: Arc<dyn Store>,
@@ -46,6 +51,7 @@ pub struct AutomationsBuilder {
     secret: Vec<u8>,
     host: HostProvider,
     runner: RunnerConfig,
+    concurrency: usize,
     engine: Option<Box<dyn FnOnce(EngineBuilder) -> EngineBuilder + Send>>,
     max_rounds: u32,
     policy_version: String,
@@ -58,13 +64,24 @@ impl AutomationsBuilder {
         self
     }
 
-    /// The runner's configuration (its codec is replaced by the stored codec on the database).
+    /// The runner's configuration. Its codec is replaced by the stored codec on the database,
+    /// and its worker count by the service's [`concurrency`](Self::concurrency).
     pub fn runner(mut self, config: RunnerConfig) -> Self {
         self.runner = config;
         self
     }
 
-    /// Adjusts the workflow engine (workers, lease, poll interval, more workflows).
+    /// How many automations execute at once ([`DEFAULT_CONCURRENCY`] by default): the engine's
+    /// workers and the runner's workers both. An execution runs one script at a time, and a
+    /// script keeps its runner worker while its host calls wait on the database, so a runner
+    /// with fewer workers than the engine would make executions queue for it.
+    pub fn concurrency(mut self, executions: usize) -> Self {
+        self.concurrency = executions.max(1);
+        self
+    }
+
+    /// Adjusts the workflow engine (lease, poll interval, more workflows; its workers are the
+    /// service's [`concurrency`](Self::concurrency) unless set here).
     pub fn engine(mut self, configure: impl FnOnce(EngineBuilder) -> EngineBuilder + Send + 'static) -> Self {
         self.engine = Some(Box::new(configure));
         self
@@ -89,7 +106,8 @@ impl AutomationsBuilder {
         }
         let continuations = SqlContinuationStore::new(self.db.clone());
         let codec = StoredCodec::new(Arc::new(continuations.clone()));
-        let runner = Runner::new(self.runner.codec(codec)).map_err(|e| AutomationError::Config(e.to_string()))?;
+        let runner = Runner::new(self.runner.workers(self.concurrency).codec(codec))
+            .map_err(|e| AutomationError::Config(e.to_string()))?;
         let tokens = HookTokens::new(&self.secret);
         let state = SessionState::new(self.db.clone());
         let deps = Arc::new(Deps {
@@ -110,6 +128,7 @@ impl AutomationsBuilder {
                 let deps = Arc::clone(&session_deps);
                 async move { run_session(deps, ctx, input).await }
             });
+        builder = builder.workers(self.concurrency);
         if let Some(configure) = self.engine {
             builder = configure(builder);
         }
@@ -139,6 +158,7 @@ impl Automations {
             secret: secret.to_vec(),
             host: Arc::new(|_| resumable_host::HostFunctions::empty()),
             runner: RunnerConfig::new(),
+            concurrency: DEFAULT_CONCURRENCY,
             engine: None,
             max_rounds: 100,
             policy_version: DEFAULT_POLICY_VERSION.to_owned(),

@@ -47,8 +47,9 @@ pub struct ServeArgs {
     #[arg(long, value_name = "PATH", default_value = "resumable.secret")]
     secret_file: PathBuf,
 
-    /// Concurrent automation executions.
-    #[arg(long, value_name = "N", default_value_t = 8)]
+    /// Automations executing at once (each may run one script, in its own worker process,
+    /// started when first needed).
+    #[arg(long, value_name = "N", default_value_t = resumable::automation::DEFAULT_CONCURRENCY)]
     workers: usize,
 
     /// Mark the inbox's session cookie Secure (browsers reach the server over HTTPS, e.g. through a

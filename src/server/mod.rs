@@ -109,7 +109,8 @@ pub struct ServerConfig {
     pub keys: ApiKeys,
     /// The file holding the secret hook tokens derive from (created if missing).
     pub secret_file: PathBuf,
-    /// Concurrent workflow executions.
+    /// Automations executing at once: engine workers and script workers both
+    /// ([`AutomationsBuilder::concurrency`](crate::automation::AutomationsBuilder::concurrency)).
     pub workers: usize,
     /// How scripts run (the CLI runs them in worker processes).
     pub runner: RunnerConfig,
@@ -145,7 +146,7 @@ pub async fn open_service(
     let automations = Automations::builder(store, db, secret)
         .host(move |tenant| host.host_functions(tenant))
         .runner(runner)
-        .engine(move |e| e.workers(workers))
+        .concurrency(workers)
         .build()
         .map_err(|e| e.to_string())?;
     Ok(Service { automations, orders })

@@ -85,7 +85,7 @@ pub(crate) fn run_batch(connection: &Connection, mut batch: Vec<Box<dyn BatchedW
     let relax = batch.iter().all(|write| write.relaxed());
     let outcome = durability
         .prepare(connection, relax)
-        .and_then(|()| connection.execute_batch("BEGIN IMMEDIATE").map_err(db))
+        .and_then(|()| execute_cached(connection, "BEGIN IMMEDIATE"))
         .and_then(|()| {
             if let [only] = batch.as_mut_slice() {
                 // Alone in its group, a write needs no savepoint: if it fails, the whole
@@ -98,7 +98,7 @@ pub(crate) fn run_batch(connection: &Connection, mut batch: Vec<Box<dyn BatchedW
                     run_in_savepoint(connection, write.as_mut())?;
                 }
             }
-            connection.execute_batch("COMMIT").map_err(db)
+            execute_cached(connection, "COMMIT")
         });
     if outcome.is_err() && !connection.is_autocommit() {
         let _ = connection.execute_batch("ROLLBACK");
@@ -110,11 +110,17 @@ pub(crate) fn run_batch(connection: &Connection, mut batch: Vec<Box<dyn BatchedW
 
 /// Runs one write; its changes are undone if it fails (or panics) and kept otherwise.
 fn run_in_savepoint(connection: &Connection, write: &mut dyn BatchedWrite) -> Result<(), StoreError> {
-    connection.execute_batch("SAVEPOINT batched_write").map_err(db)?;
+    execute_cached(connection, "SAVEPOINT batched_write")?;
     if !run_caught(connection, write) {
-        connection.execute_batch("ROLLBACK TO batched_write").map_err(db)?;
+        execute_cached(connection, "ROLLBACK TO batched_write")?;
     }
-    connection.execute_batch("RELEASE batched_write").map_err(db)
+    execute_cached(connection, "RELEASE batched_write")
+}
+
+/// Runs a statement without parameters from the connection's statement cache (a group
+/// commit runs the same few control statements for every write).
+fn execute_cached(connection: &Connection, sql: &str) -> Result<(), StoreError> {
+    connection.prepare_cached(sql).and_then(|mut statement| statement.execute([])).map(|_| ()).map_err(db)
 }
 
 /// Runs one write; false if it failed or panicked.
