@@ -243,6 +243,20 @@ impl Writer {
     }
 }
 
+/// Whether `text` (valid UTF-8) is a JSON string literal without escapes: a quote, then no
+/// quote, backslash or control character, then a quote. Host results are often such strings,
+/// and this check is much cheaper than a JSON parser's.
+fn is_plain_json_string(text: &str) -> bool {
+    let bytes = text.as_bytes();
+    bytes.len() >= 2
+        && bytes[0] == b'"'
+        && bytes[bytes.len() - 1] == b'"'
+        && bytes[1..bytes.len() - 1].chunks(64).all(|chunk| {
+            // No early exit inside a chunk, so the compiler can use vector instructions.
+            !chunk.iter().fold(false, |bad, &b| bad | (b < 0x20) | (b == b'"') | (b == b'\\'))
+        })
+}
+
 struct Reader<'a> {
     bytes: &'a [u8],
     pos: usize,
@@ -286,7 +300,9 @@ impl<'a> Reader<'a> {
 
     fn json(&mut self) -> Result<&'a str, String> {
         let text = self.text()?;
-        serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| format!("invalid JSON in state: {e}"))?;
+        if !is_plain_json_string(text) {
+            serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| format!("invalid JSON in state: {e}"))?;
+        }
         Ok(text)
     }
 
@@ -370,7 +386,29 @@ pub(crate) fn canonical_json(value: &Value, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
     use serde_json::json;
+
+    proptest! {
+        /// The shortcut only ever accepts what the JSON parser accepts, as the same string.
+        #[test]
+        fn plain_json_strings_are_valid_json(inner in "(\\PC|[\"\\\\\u{0}-\u{1f}]){0,12}") {
+            let text = format!("\"{inner}\"");
+            if is_plain_json_string(&text) {
+                prop_assert_eq!(serde_json::from_str::<String>(&text).ok(), Some(inner));
+            }
+        }
+    }
+
+    #[test]
+    fn plain_json_strings() {
+        for plain in ["\"\"", "\"abc\"", "\"é ✓\""] {
+            assert!(is_plain_json_string(plain), "{plain}");
+        }
+        for other in ["\"", "\"a\\\"b\"", "\"a\"b\"", "\"tab\there\"", "1", "\"open", "[\"a\"]", "\"\\u0041\""] {
+            assert!(!is_plain_json_string(other), "{other}");
+        }
+    }
 
     fn sample() -> ContinuationState {
         ContinuationState {

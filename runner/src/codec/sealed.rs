@@ -4,8 +4,6 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use ring::aead::{self, AES_256_GCM, Aad, LessSafeKey, Nonce, UnboundKey};
 use ring::{digest, hkdf};
 
@@ -156,7 +154,7 @@ impl SealedCodec {
         let capacity =
             envelope::encoded_len(header.len()).saturating_add(1).saturating_add(envelope::encoded_len(sealed_len));
         let mut out = String::with_capacity(capacity);
-        URL_SAFE_NO_PAD.encode_string(header, &mut out);
+        envelope::encode_part_into(header, &mut out);
         let Some((key, nonce)) = token_key(&self.current, out.as_bytes()) else {
             unreachable!("HKDF-SHA256 yields a 44-byte AES-256-GCM key and nonce")
         };
@@ -166,7 +164,7 @@ impl SealedCodec {
             panic!("continuation state of {} bytes is too long for AES-256-GCM", state.len());
         }
         out.push('.');
-        URL_SAFE_NO_PAD.encode_string(&sealed, &mut out);
+        envelope::encode_part_into(&sealed, &mut out);
         out
     }
 

@@ -4,8 +4,6 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use base64::Engine as _;
-use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
@@ -140,14 +138,14 @@ impl SignedCodec {
             .saturating_add(envelope::encoded_len(state.len()))
             .saturating_add(2 + MAC_CHARS);
         let mut out = String::with_capacity(capacity);
-        URL_SAFE_NO_PAD.encode_string(header, &mut out);
+        envelope::encode_part_into(header, &mut out);
         out.push('.');
-        URL_SAFE_NO_PAD.encode_string(state, &mut out);
+        envelope::encode_part_into(state, &mut out);
         let mut mac = self.signing.clone();
         mac.update(out.as_bytes());
         let tag = mac.finalize().into_bytes();
         out.push('.');
-        URL_SAFE_NO_PAD.encode_string(tag.as_slice(), &mut out);
+        envelope::encode_part_into(tag.as_slice(), &mut out);
         out
     }
 
