@@ -175,6 +175,7 @@ unsafe impl<B: Blocks> Allocator for MeteredAllocator<B> {
             let old_layout = layout(old_size).expect("layout was valid at allocation");
             let base = self.blocks.reallocate(ptr.sub(HEADER), old_layout, new_layout.size());
             if base.is_null() {
+                self.meter.exceeded.set(true);
                 return std::ptr::null_mut();
             }
             base.cast::<usize>().write(new_size);
@@ -196,6 +197,9 @@ impl<B: Blocks> MeteredAllocator<B> {
         }
         let base = self.blocks.allocate(layout, zeroed);
         if base.is_null() {
+            // Out of blocks (the arena's extent is confined to the run's budget too): a
+            // limit like the count's, and as uncatchable.
+            self.meter.exceeded.set(true);
             return std::ptr::null_mut();
         }
         unsafe {

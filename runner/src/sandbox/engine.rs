@@ -77,6 +77,8 @@ pub(crate) struct RealmShared {
     pub rng: RefCell<SeededRandom>,
     /// The run the realm's dispatching natives serve (see `execution::CurrentRun`).
     pub current: CurrentRun,
+    /// Set when a native panicked; the engine is then replaced, not restored.
+    pub panicked: Cell<bool>,
 }
 
 /// The hardened realm every run starts from.
@@ -97,7 +99,8 @@ pub(crate) struct Engine {
     pub(crate) realm: Realm,
     /// Set while the realm differs from its image.
     dirty: bool,
-    /// Set when a run panicked on the Rust side: the worker replaces the engine.
+    /// Set when a run panicked on the Rust side (in a native or around one): the worker
+    /// replaces the engine.
     pub(crate) poisoned: bool,
     /// Heap bytes in use in the image.
     image_used: usize,
@@ -175,6 +178,12 @@ impl Engine {
         self.dirty = true;
     }
 
+    /// Keeps the heap's extent within `bytes` above the image for this run (see
+    /// [`Arena::confine`]).
+    pub(crate) fn confine_heap(&self, bytes: usize) {
+        self.arena.confine(bytes);
+    }
+
     /// Puts the realm back to its image. Called after the caller has its
     /// answer; every handle a run took is gone by then.
     pub(crate) fn reset(&mut self) {
@@ -238,6 +247,7 @@ fn build_realm(runtime: &Runtime, harden: &Bytecode) -> Result<Realm, RunError> 
         clock: Cell::new(0.0),
         rng: RefCell::new(SeededRandom::new(0)),
         current: CurrentRun::default(),
+        panicked: Cell::new(false),
     });
     let helpers = context.with(|ctx| {
         let natives = Object::new(ctx.clone())?;
@@ -288,6 +298,61 @@ mod tests {
             assert_eq!(engine.meter.used(), image_used);
         }
         assert_eq!(run_in(&mut engine, "return [typeof kept, ({}).leak === undefined]"), "[\"undefined\",true]");
+    }
+
+    /// The run's budget bounds the heap's extent, not only the bytes in use, and running out
+    /// of heap latches the limit like running out of budget (QuickJS alone would throw a
+    /// catchable error). Found in review: gaps between blocks once let a run's heap grow to
+    /// the whole 4 GiB reserve under a 64 MiB limit.
+    #[test]
+    fn running_out_of_heap_is_a_latched_limit() {
+        let mut engine = Engine::new().unwrap();
+        let code =
+            engine.compile("try { return 'x'.repeat(8 * 1024 * 1024).length } catch (e) { return 'caught' }").unwrap();
+        engine.begin_run();
+        engine.meter.start_budget(usize::MAX / 2);
+        engine.confine_heap(2 * 1024 * 1024);
+        let caught = engine.realm.context.with(|ctx| {
+            let main = Function::from_value(js::load(&ctx, &code).unwrap()).unwrap();
+            let promise: rquickjs::Promise = main.call(()).unwrap();
+            while ctx.execute_pending_job() {}
+            promise.result::<String>().unwrap().unwrap()
+        });
+        assert_eq!(caught, "caught");
+        assert!(engine.meter.exceeded(), "the script caught an out-of-memory error that no limit latched");
+        engine.reset();
+        assert_eq!(run_in(&mut engine, "return 'x'.repeat(8 * 1024 * 1024).length"), "8388608");
+    }
+
+    /// Restoring the image is sound only while no run makes rquickjs keep runtime-wide Rust
+    /// state (see `Arena::restore`): Rust functions are made while the image is built, and
+    /// nowhere else. A new one here needs the same care.
+    #[test]
+    fn rust_functions_are_made_only_while_the_image_is_built() {
+        let sources = [
+            ("alloc.rs", include_str!("alloc.rs")),
+            ("arena.rs", include_str!("arena.rs")),
+            ("bytecode.rs", include_str!("bytecode.rs")),
+            ("console.rs", include_str!("console.rs")),
+            ("engine.rs", include_str!("engine.rs")),
+            ("execution.rs", include_str!("execution.rs")),
+            ("interrupt.rs", include_str!("interrupt.rs")),
+            ("js.rs", include_str!("js.rs")),
+            ("serialize.rs", include_str!("serialize.rs")),
+            ("stack_guard.rs", include_str!("stack_guard.rs")),
+        ];
+        let made = concat!("Function", "::new(");
+        for (file, text) in sources {
+            for kept in [concat!("Class", "::instance"), concat!("new", "_class"), concat!("store", "_userdata")] {
+                assert!(!text.contains(kept), "{file} uses {kept}");
+            }
+            let expected = match file {
+                "engine.rs" => 2,    // `build_realm`: now, random
+                "execution.rs" => 3, // `add_dispatchers`: hostCall, consoleWrite, unknownFunction
+                _ => 0,
+            };
+            assert_eq!(text.matches(made).count(), expected, "{file}");
+        }
     }
 
     /// A new rquickjs release must change the engine version (and so every cache key).

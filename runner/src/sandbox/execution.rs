@@ -69,11 +69,16 @@ pub(crate) fn execute(engine: &mut Engine, job: &mut Job) -> Result<RawOutcome, 
     // garbage never looks like the script's memory.
     engine.runtime.set_gc_threshold(engine.meter.used() + (budget / 2).min(GC_HEADROOM));
     engine.meter.start_budget(budget);
+    // The budget bounds the heap's extent as well as the bytes in use, so gaps between blocks
+    // cannot make a run resident beyond its limit.
+    engine.confine_heap(budget);
 
     let outcome = run_in_realm(realm, engine.guard.clone(), engine.classes, job, &code, deadline);
 
     // Jobs left in the queue, a latched limit and everything else the run did
-    // are undone when the engine restores the realm's image (`Engine::reset`).
+    // are undone when the engine restores the realm's image (`Engine::reset`);
+    // after a panic in a native the worker replaces the engine instead.
+    engine.poisoned |= realm.shared.panicked.replace(false);
     engine.meter.lift();
     engine.guard.disarm();
     outcome
@@ -134,6 +139,24 @@ impl Drop for Serving<'_> {
     }
 }
 
+/// Runs the body of a dispatching native. A panic in it ends the run with an internal error
+/// and marks the realm for replacement: left to rquickjs, the panic would wait outside the
+/// heap, which a restore does not reset, and surface in a later run.
+fn guarded<'js, R>(
+    ctx: &Ctx<'js>,
+    realm: &RealmShared,
+    body: impl FnOnce() -> rquickjs::Result<R>,
+) -> rquickjs::Result<R> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).unwrap_or_else(|_| {
+        realm.panicked.set(true);
+        let env: Option<&RunEnv<'js>> = realm.current.env();
+        if let Some(env) = env {
+            env.guard.latch(RunError::internal("the runner failed while serving the script"));
+        }
+        Err(js::throw_uncatchable(ctx, "the runner failed while serving the script"))
+    })
+}
+
 /// Adds the natives that serve every run (`hostCall`, `consoleWrite`,
 /// `unknownFunction`) to `natives`, for the hardening script to wrap.
 pub(crate) fn add_dispatchers<'js>(
@@ -143,34 +166,41 @@ pub(crate) fn add_dispatchers<'js>(
 ) -> rquickjs::Result<()> {
     let realm = shared.clone();
     let host = Function::new(ctx.clone(), move |ctx: Ctx<'js>, args: Rest<Value<'js>>| {
-        let Some(env) = realm.current.env() else { return Err(js::throw_uncatchable(&ctx, "no run is active")) };
-        let mut args = args.0;
-        let function = args.first().and_then(Value::as_int).and_then(|i| env.functions.get(i as usize));
-        let Some(function) = function else { return Err(js::throw_uncatchable(&ctx, "unknown host function")) };
-        args.remove(0);
-        host_call(&ctx, env, function, args)
+        guarded(&ctx, &realm, || {
+            let Some(env) = realm.current.env() else { return Err(js::throw_uncatchable(&ctx, "no run is active")) };
+            let mut args = args.0;
+            let function = args.first().and_then(Value::as_int).and_then(|i| env.functions.get(i as usize));
+            let Some(function) = function else { return Err(js::throw_uncatchable(&ctx, "unknown host function")) };
+            args.remove(0);
+            host_call(&ctx, env, function, args)
+        })
     })?;
     natives.set("hostCall", host.with_name("hostCall")?)?;
     let realm = shared.clone();
     let console = Function::new(ctx.clone(), move |ctx: Ctx<'js>, args: Rest<Value<'js>>| {
-        let Some(env) = realm.current.env() else { return };
-        let level = match args.0.first().and_then(Value::as_int) {
-            Some(1) => ConsoleLevel::Info,
-            Some(2) => ConsoleLevel::Warn,
-            Some(3) => ConsoleLevel::Error,
-            _ => ConsoleLevel::Log,
-        };
-        console_write(&ctx, env, level, args.0.get(1..).unwrap_or_default());
+        guarded(&ctx, &realm, || {
+            let Some(env) = realm.current.env() else { return Ok(()) };
+            let level = match args.0.first().and_then(Value::as_int) {
+                Some(1) => ConsoleLevel::Info,
+                Some(2) => ConsoleLevel::Warn,
+                Some(3) => ConsoleLevel::Error,
+                _ => ConsoleLevel::Log,
+            };
+            console_write(&ctx, env, level, args.0.get(1..).unwrap_or_default());
+            Ok(())
+        })
     })?;
     natives.set("consoleWrite", console.with_name("consoleWrite")?)?;
     let realm = shared.clone();
     let unknown = Function::new(ctx.clone(), move |ctx: Ctx<'js>, name: Value<'js>| -> rquickjs::Result<()> {
-        let Some(env) = realm.current.env() else { return Err(js::throw_uncatchable(&ctx, "no run is active")) };
-        counted_attempt(&ctx, env)?;
-        let name = js_string(ctx.as_raw().as_ptr(), name.as_raw()).unwrap_or_default();
-        let message = unknown_function_message(&name, env.functions.iter().map(String::as_str));
-        let error = env.our_error(&ctx, ErrorCode::HostFunctionError, message, None)?;
-        Err(ctx.throw(error))
+        guarded(&ctx, &realm, || {
+            let Some(env) = realm.current.env() else { return Err(js::throw_uncatchable(&ctx, "no run is active")) };
+            counted_attempt(&ctx, env)?;
+            let name = js_string(ctx.as_raw().as_ptr(), name.as_raw()).unwrap_or_default();
+            let message = unknown_function_message(&name, env.functions.iter().map(String::as_str));
+            let error = env.our_error(&ctx, ErrorCode::HostFunctionError, message, None)?;
+            Err(ctx.throw(error))
+        })
     })?;
     natives.set("unknownFunction", unknown.with_name("unknownFunction")?)?;
     Ok(())
@@ -911,5 +941,24 @@ impl<'js> Driver<'_, 'js> {
     fn with_console(&self, mut error: RunError) -> RunError {
         error.console = self.env.bridge.borrow_mut().console.take();
         error
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A native that panics throws past the script and marks the realm for replacement;
+    /// rquickjs never sees the panic (it would keep it outside the heap for a later run).
+    #[test]
+    fn a_panicking_native_marks_the_realm_for_replacement() {
+        let engine = Engine::new().unwrap();
+        let shared = engine.realm.shared.clone();
+        engine.realm.context.with(|ctx| {
+            let failed = guarded(&ctx, &shared, || -> rquickjs::Result<()> { panic!("a bug in a native") });
+            assert!(matches!(failed, Err(rquickjs::Error::Exception)), "{failed:?}");
+            let _ = ctx.catch();
+        });
+        assert!(shared.panicked.get());
     }
 }
