@@ -240,6 +240,19 @@ fn hex_digit(c: u8) -> Option<u8> {
     char::from(c).to_digit(16).and_then(|d| u8::try_from(d).ok())
 }
 
+/// Turns off SQLite's memory statistics, once per process and before SQLite starts: they
+/// take one process-wide mutex on every allocation of every connection (the writer and the
+/// readers contend for it), and nothing here reads them. If SQLite already started (another
+/// library used it first), the call is refused and nothing changes.
+fn skip_memory_statistics() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: SQLITE_CONFIG_MEMSTATUS takes one int; sqlite3_config refuses (SQLITE_MISUSE)
+        // rather than misbehaves once SQLite is initialized.
+        let _ = unsafe { rusqlite::ffi::sqlite3_config(rusqlite::ffi::SQLITE_CONFIG_MEMSTATUS, 0) };
+    });
+}
+
 /// Opens the writer connection: busy timeout, foreign keys, durability (the journal mode is set
 /// by [`prepare_writer`], on the writer's thread, since it may wait for a lock).
 fn open_writer(target: &Target, options: &SqliteStoreOptions) -> Result<Connection, StoreError> {
@@ -330,6 +343,7 @@ impl SqliteStore {
     /// Starts one thread for the writer connection and, for a file database, one per read
     /// connection; they stop when the last clone of the store is dropped or at [`SqliteStore::close`].
     pub async fn open_with(url: &str, options: SqliteStoreOptions) -> Result<SqliteStore, StoreError> {
+        skip_memory_statistics();
         let target = Arc::new(parse_url(url)?);
         let memory = target.database == Database::Memory;
         // One writer connection: in-process writers queue here instead of contending for the lock.
