@@ -63,37 +63,38 @@ impl Pool {
 
 /// Serves tasks on one worker thread. Its engine is built for the first task (a runner sized
 /// for many concurrent runs costs nothing for workers it never needs), and rebuilt at once
-/// after a run broke it.
+/// after a run broke it. An engine that cannot start fails each task with the reason, and
+/// the next task tries again.
 fn work(jobs: Receiver<Task>, spinners: &AtomicUsize, stats: &StatsCounters) {
-    let mut engine: Option<Engine> = None;
+    let mut engine: Option<Result<Engine, RunError>> = None;
     let mut used = false;
     loop {
-        if engine.is_none() && used {
-            engine = Engine::new().ok();
+        if used && !matches!(engine, Some(Ok(_))) {
+            engine = Some(Engine::new());
         }
         let Some(Task { mut job, reply }) = next_task(&jobs, spinners) else { return };
-        if engine.is_none() {
-            engine = Engine::new().ok();
+        if !matches!(engine, Some(Ok(_))) {
+            engine = Some(Engine::new());
         }
         used = true;
-        let result = if job.abort.load(Ordering::SeqCst) {
-            Err(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"))
-        } else {
-            match engine.as_mut() {
-                None => Err(RunError::internal("the JavaScript engine could not start")),
-                Some(current) => catch_unwind(AssertUnwindSafe(|| current.execute(&mut job))).unwrap_or_else(|_| {
-                    current.poisoned = true;
-                    Err(RunError::internal("the worker failed while running the script"))
-                }),
+        let result = match &mut engine {
+            _ if job.abort.load(Ordering::SeqCst) => {
+                Err(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"))
             }
+            Some(Ok(current)) => catch_unwind(AssertUnwindSafe(|| current.execute(&mut job))).unwrap_or_else(|_| {
+                current.poisoned = true;
+                Err(RunError::internal("the worker failed while running the script"))
+            }),
+            Some(Err(error)) => Err(error.clone()),
+            None => Err(RunError::internal("the JavaScript engine could not start")),
         };
         stats.record(job.lookup);
         let _ = reply.send(result);
         // The realm goes back to its image after the caller has its answer.
-        match engine.as_mut() {
-            Some(current) if current.poisoned => engine = None,
-            Some(current) => current.reset(),
-            None => {}
+        match &mut engine {
+            Some(Ok(current)) if current.poisoned => engine = None,
+            Some(Ok(current)) => current.reset(),
+            _ => {}
         }
     }
 }

@@ -167,12 +167,27 @@ fn rss_snapshot() -> Value {
 
 // SQLite's own allocation counters, from the library that sqlx links (libsqlite3-sys, bundled).
 unsafe extern "C" {
+    fn sqlite3_config(op: i32, ...) -> i32;
+    fn sqlite3_initialize() -> i32;
     fn sqlite3_memory_used() -> i64;
     fn sqlite3_status64(op: i32, current: *mut i64, highwater: *mut i64, reset: i32) -> i32;
 }
 
 /// `SQLITE_STATUS_PAGECACHE_OVERFLOW`: page cache memory taken from the heap (all of it here).
 const SQLITE_STATUS_PAGECACHE_OVERFLOW: i32 = 2;
+
+/// `SQLITE_CONFIG_MEMSTATUS`: whether SQLite keeps the statistics read below.
+const SQLITE_CONFIG_MEMSTATUS: i32 = 9;
+
+/// Keeps SQLite's memory statistics on for this process: the store turns them off when it
+/// opens (they cost a global lock per allocation), and SQLite refuses that once started.
+fn keep_sqlite_statistics() {
+    // SAFETY: both calls run before any connection exists; MEMSTATUS takes one int.
+    unsafe {
+        sqlite3_config(SQLITE_CONFIG_MEMSTATUS, 1);
+        sqlite3_initialize();
+    }
+}
 
 /// Bytes of heap that SQLite holds (page caches, prepared statements, schema) in this process.
 fn sqlite_heap() -> u64 {
@@ -581,6 +596,7 @@ async fn phase_alone(name: &str, sizes: &Sizes) -> Value {
 }
 
 fn main() {
+    keep_sqlite_statistics();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio");
     let sizes = Sizes::new(quick());
     let args: Vec<String> = std::env::args().collect();

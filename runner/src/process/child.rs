@@ -73,7 +73,7 @@ fn serve() {
         }
     });
 
-    let mut engine = Engine::new().ok();
+    let mut engine = Engine::new();
     while let Ok(spec) = incoming.recv() {
         let (inbox_sender, inbox) = mpsc::channel();
         let abort = Arc::new(AtomicBool::new(false));
@@ -96,16 +96,20 @@ fn serve() {
             lookup: None,
         };
         let result = match engine.as_mut() {
-            Some(engine) => engine.execute(&mut job),
-            None => Err(RunError::internal("the JavaScript engine could not start")),
+            Ok(engine) => engine.execute(&mut job),
+            Err(error) => Err(error.clone()),
         };
         *current.lock().unwrap_or_else(|p| p.into_inner()) = Current::default();
         if send(&output, &ToParent::Done(result, job.lookup)).is_err() {
             return;
         }
         match engine.as_mut() {
-            Some(current) if !current.poisoned => current.reset(),
-            _ => engine = Engine::new().ok(),
+            Ok(current) if !current.poisoned => current.reset(),
+            _ => {
+                // The old engine (and its reserved heap) goes before the new one is built.
+                drop(std::mem::replace(&mut engine, Err(RunError::internal("the engine is being replaced"))));
+                engine = Engine::new();
+            }
         }
     }
     let _ = output.lock().map(|mut out| out.flush());

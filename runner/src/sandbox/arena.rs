@@ -100,33 +100,49 @@ struct Growth {
     pages: *const Pages,
 }
 
-// SAFETY: `acquire` touches no other allocator: it only changes page
-// protections and extends this heap.
-unsafe impl Source for Growth {
-    fn acquire<B: talc::base::binning::Binning>(talc: &mut Talc<Self, B>, layout: Layout) -> Result<(), ()> {
+impl Growth {
+    /// Extends the heap by at least `needed` bytes, by the growth step when `step`, never past
+    /// the limit. Free space at the heap's top joins the extension, so an extension that ends
+    /// at the limit may serve a request larger than the room left; a heap already at its limit
+    /// cannot grow.
+    fn extend<B: talc::base::binning::Binning>(talc: &mut Talc<Self, B>, needed: usize, step: bool) -> Result<(), ()> {
         // SAFETY: `pages` outlives the heap (both belong to one `Arena`).
         let pages = unsafe { &*talc.source.pages };
         let heap_end = talc.source.heap_end;
         let used = heap_end as usize - pages.base as usize;
         let room = (pages.limit.get() as usize).saturating_sub(heap_end as usize);
-        let needed = layout.size().saturating_add(layout.align()).saturating_add(64);
-        if needed > room {
+        if room < PAGE {
             return Err(());
         }
-        let wanted = pages.step.get().bytes(used).max(needed).min(room);
+        let wanted = if step { pages.step.get().bytes(used).max(needed) } else { needed };
         let limit = pages.limit.get() as usize - pages.base as usize;
-        let new_end = pages.base.wrapping_add(align_up(used + wanted, PAGE).min(limit));
+        let new_end = pages.base.wrapping_add(align_up(used + wanted.min(room), PAGE).min(limit));
         if !pages.commit(new_end) {
             return Err(());
         }
         let heap_end = NonNull::new(heap_end).ok_or(())?;
         // SAFETY: [heap_end, new_end) is writable and unclaimed.
         let end = unsafe { talc.extend(heap_end, new_end) };
+        if end.as_ptr() == heap_end.as_ptr() {
+            return Err(());
+        }
         talc.source.heap_end = end.as_ptr();
         if end.as_ptr() > pages.high_water.get() {
             pages.high_water.set(end.as_ptr());
         }
         Ok(())
+    }
+}
+
+/// Room for talc's tags around a block.
+const BLOCK_OVERHEAD: usize = 64;
+
+// SAFETY: `acquire` touches no other allocator: it only changes page
+// protections and extends this heap.
+unsafe impl Source for Growth {
+    fn acquire<B: talc::base::binning::Binning>(talc: &mut Talc<Self, B>, layout: Layout) -> Result<(), ()> {
+        let needed = layout.size().saturating_add(layout.align()).saturating_add(BLOCK_OVERHEAD);
+        Growth::extend(talc, needed, true)
     }
 }
 
@@ -222,6 +238,15 @@ impl Arena {
         unsafe {
             let heap = &mut *self.heap;
             if heap.try_realloc_in_place(block, layout, new_size) {
+                return block;
+            }
+            // A block at the heap's top grows in place once the heap grows by the difference
+            // (growing arrays and strings do this all the time): without it, the old and the
+            // new block would both have to fit within the run's confined heap for a moment.
+            if new_size > layout.size()
+                && Growth::extend(heap, new_size - layout.size() + BLOCK_OVERHEAD, false).is_ok()
+                && heap.try_realloc_in_place(block, layout, new_size)
+            {
                 return block;
             }
             let Ok(new_layout) = Layout::from_size_align(new_size, layout.align()) else { return ptr::null_mut() };

@@ -44,6 +44,16 @@ async fn memory_exhaustion_cannot_be_caught() {
     stops_with("try { 'x'.repeat(2 ** 28) } catch (e) { return 'caught' }", ErrorCode::MemoryLimit).await;
 }
 
+/// The limit bounds the heap's extent, yet a growing array may use nearly all of it: its
+/// buffer grows in place at the top of the heap instead of being copied next to itself.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_growing_array_uses_most_of_the_memory_limit() {
+    let runner = runner();
+    let limits = LimitOverrides::new().with(Limit::Memory, 32 * 1024 * 1024).unwrap();
+    let source = "const a = []; for (let i = 0; i < 1.25e6; i++) a.push(i); return a.length";
+    assert_eq!(value(&runner, RunRequest::new(source).limits(limits)).await, json!(1_250_000));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endless_microtasks_time_out() {
     stops_with("(function loop() { Promise.resolve().then(loop) })(); await new Promise(() => {})", ErrorCode::Timeout)
