@@ -121,22 +121,21 @@ const POLL_FOR_ANSWER: Duration = Duration::from_micros(100);
 /// Waits for a worker's answer, polling for a moment first: most runs finish
 /// in less time than it takes to wake a sleeping executor thread.
 /// One caller of the pool polls at a time; the others wait to be woken at once.
-pub(crate) async fn answer_soon<T>(
-    pool: &Pool,
-    answer: &mut tokio::sync::oneshot::Receiver<T>,
-) -> Result<T, tokio::sync::oneshot::error::RecvError> {
+/// `None` when the worker dropped the task without answering.
+pub(crate) async fn answer_soon<T>(pool: &Pool, answer: &mut tokio::sync::oneshot::Receiver<T>) -> Option<T> {
     let started = Instant::now();
     let polling = Turn::take(&pool.pollers);
     while polling.is_some() && started.elapsed() < POLL_FOR_ANSWER {
         match answer.try_recv() {
-            Ok(value) => return Ok(value),
+            Ok(value) => return Some(value),
             Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {
                 // Lets other threads of this core run (the worker may be one), then other tasks.
                 thread::yield_now();
                 tokio::task::yield_now().await;
             }
-            Err(tokio::sync::oneshot::error::TryRecvError::Closed) => break,
+            // A closed receiver may not be awaited again (tokio panics): answer here.
+            Err(tokio::sync::oneshot::error::TryRecvError::Closed) => return None,
         }
     }
-    answer.await
+    answer.await.ok()
 }

@@ -426,7 +426,7 @@ impl Runner {
         // thread mode; the caller still gets its answer.
         let backstop = limits.timeout() + Duration::from_secs(1) + limits.timeout() / 2;
         let result = tokio::select! {
-            result = answer_soon(pool, &mut answer) => result.unwrap_or_else(|_| Err(RunError::internal("the worker stopped"))),
+            result = answer_soon(pool, &mut answer) => result.unwrap_or_else(|| Err(RunError::internal("the worker stopped"))),
             _ = cancel.cancelled() => {
                 stop.fire();
                 match tokio::time::timeout(Duration::from_secs(1), &mut answer).await {

@@ -175,10 +175,11 @@ impl ConnectionPool {
                     thread::yield_now();
                     tokio::task::yield_now().await;
                 }
-                Err(oneshot::error::TryRecvError::Closed) => break,
+                // A closed receiver may not be awaited again (tokio panics): answer here.
+                Err(oneshot::error::TryRecvError::Closed) => return Err(stopped_during_query()),
             }
         }
-        answer.await.map_err(|_| StoreError::Database("a database thread stopped during a query".into()))?
+        answer.await.map_err(|_| stopped_during_query())?
     }
 }
 
@@ -221,6 +222,10 @@ fn serve(
 }
 
 /// The next job; the first idle thread polls for a moment before sleeping, the others sleep at once.
+fn stopped_during_query() -> StoreError {
+    StoreError::Database("a database thread stopped during a query".into())
+}
+
 fn next_job(work: &Receiver<Job>, spinners: &AtomicUsize) -> Option<Job> {
     if let Some(_spinning) = Turn::take(spinners) {
         let started = Instant::now();
