@@ -1,11 +1,11 @@
 //! Benchmark of approval-gated automations end to end: submit a refund script, wait until it
 //! asks for approval, approve it, wait until it completed, for many automations at once.
 //!
-//! `cargo run --release --example bench_approvals [-- --db URL] [--count N] [--reps R] [--concurrency C] [--workers W]`
+//! `cargo run --release --example bench_approvals [-- --db URL] [--count N] [--reps R] [--warmup M] [--concurrency C] [--workers W]`
 //! prints one JSON object: approvals per second over a batch of N automations (500), as the
-//! median of R repetitions (3) on one running service, each repetition's figure, and the
-//! median repetition's per-automation latency of submit → pending and decide → completed
-//! (`{n, min, median, p99, max}` in ms).
+//! median of R repetitions (3) on one running service warmed up with M automations (128),
+//! each repetition's figure, and the median repetition's per-automation latency of
+//! submit → pending and decide → completed (`{n, min, median, p99, max}` in ms).
 //! The default database is a fresh SQLite file (WAL, `synchronous=FULL`); pass
 //! `--db postgres://…` for PostgreSQL (its tables are reused; orders are per-run ids).
 //! `--workers` is the service's concurrency, automations executing at once (default: the
@@ -70,6 +70,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .concurrency(workers)
         .build()?;
 
+    // Warmed up first, like the peers' benches: the service's script workers start their
+    // engines on their first runs.
+    let warmup: usize = arg("--warmup").and_then(|c| c.parse().ok()).unwrap_or(128);
+    if warmup > 0 {
+        repetition(&automations, &orders, &format!("{:x}-warmup", std::process::id()), warmup, concurrency).await?;
+    }
     let mut reps_out = Vec::new();
     for rep in 0..reps {
         let batch = format!("{:x}-{rep}", std::process::id());
@@ -88,6 +94,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "backend": backend,
             "automations": count,
             "reps": reps,
+            "warmup": warmup,
             "concurrency": concurrency,
             "workers": workers,
             "approvals_per_s": median.approvals_per_s.round(),
