@@ -76,17 +76,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     if warmup > 0 {
         repetition(&automations, &orders, &format!("{:x}-warmup", std::process::id()), warmup, concurrency).await?;
     }
-    let mut reps_out = Vec::new();
+    let mut reps_out = Vec::with_capacity(reps);
     for rep in 0..reps {
         let batch = format!("{:x}-{rep}", std::process::id());
         reps_out.push(repetition(&automations, &orders, &batch, count, concurrency).await?);
     }
-    let mut rates: Vec<f64> = reps_out.iter().map(|r| r.approvals_per_s).collect();
-    rates.sort_by(f64::total_cmp);
-    let median = reps_out
-        .iter()
-        .find(|r| r.approvals_per_s == rates[rates.len() / 2])
-        .expect("the median is one of the repetitions");
+    reps_out.sort_by(|a, b| a.approvals_per_s.total_cmp(&b.approvals_per_s));
+    let rates: Vec<f64> = reps_out.iter().map(|r| r.approvals_per_s).collect();
+    let median = &reps_out[reps_out.len() / 2];
     let backend = if url.starts_with("postgres") { "postgres" } else { "sqlite" };
     println!(
         "{}",

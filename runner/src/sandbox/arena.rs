@@ -34,28 +34,12 @@ const KEEP_RESIDENT: usize = 4 * 1024 * 1024;
 
 type Heap = Talc<Growth, DefaultBinning>;
 
-/// How much the heap grows at a time: little while an image is built (the
-/// image copies the whole heap), geometrically while scripts run.
-#[derive(Clone, Copy)]
-pub(crate) enum GrowthStep {
-    /// While building what [`Arena::save`] will copy.
-    Tight,
-    /// While scripts run: a quarter of the heap, at least [`MIN_RUN_STEP`].
-    Generous,
-}
-
-/// The smallest growth while scripts run; a restore clears what a run grew, so small steps
-/// keep that cheap for small runs.
+/// How much the heap grows at a time before the image is saved: little, since the image copies
+/// the whole heap.
+const IMAGE_STEP: usize = 16 * 1024;
+/// The smallest growth while scripts run (a quarter of the heap otherwise); a restore clears
+/// what a run grew, so small steps keep that cheap for small runs.
 const MIN_RUN_STEP: usize = 64 * 1024;
-
-impl GrowthStep {
-    fn bytes(self, heap: usize) -> usize {
-        match self {
-            GrowthStep::Tight => 16 * 1024,
-            GrowthStep::Generous => (heap / 4).max(MIN_RUN_STEP),
-        }
-    }
-}
 
 /// Pages of the range, kept outside it: an image must not roll them back.
 struct Pages {
@@ -67,18 +51,28 @@ struct Pages {
     high_water: Cell<*mut u8>,
     /// The heap may not grow past this (see [`Arena::confine`]).
     limit: Cell<*mut u8>,
-    step: Cell<GrowthStep>,
+    /// Whether the image is saved (scripts run from now on).
+    saved: Cell<bool>,
 }
 
 impl Pages {
+    /// Bytes of the reserved range.
+    fn len(&self) -> usize {
+        self.end as usize - self.base as usize
+    }
+
+    /// How much a heap of `heap` bytes grows at a time.
+    fn step(&self, heap: usize) -> usize {
+        if self.saved.get() { (heap / 4).max(MIN_RUN_STEP) } else { IMAGE_STEP }
+    }
+
     /// Makes the range up to `end` writable.
     fn commit(&self, end: *mut u8) -> bool {
         let committed = self.committed.get();
         if end <= committed {
             return true;
         }
-        let target =
-            align_up(end as usize - self.base as usize, COMMIT_STEP).min(self.end as usize - self.base as usize);
+        let target = align_up(end as usize - self.base as usize, COMMIT_STEP).min(self.len());
         let target = self.base.wrapping_add(target);
         // SAFETY: [committed, target) lies inside the range this arena mapped.
         let done = unsafe {
@@ -114,7 +108,7 @@ impl Growth {
         if room < PAGE {
             return Err(());
         }
-        let wanted = if step { pages.step.get().bytes(used).max(needed) } else { needed };
+        let wanted = if step { pages.step(used).max(needed) } else { needed };
         let limit = pages.limit.get() as usize - pages.base as usize;
         let new_end = pages.base.wrapping_add(align_up(used + wanted.min(room), PAGE).min(limit));
         if !pages.commit(new_end) {
@@ -156,7 +150,6 @@ impl std::fmt::Debug for Pages {
 pub(crate) struct Arena {
     heap: *mut Heap,
     pages: Box<Pages>,
-    reserved: usize,
     image: OnceCell<Box<[u8]>>,
 }
 
@@ -185,9 +178,9 @@ impl Arena {
             committed: Cell::new(base),
             high_water: Cell::new(base),
             limit: Cell::new(base.wrapping_add(reserved)),
-            step: Cell::new(GrowthStep::Tight),
+            saved: Cell::new(false),
         });
-        let arena = Arena { heap: base.cast(), pages, reserved, image: OnceCell::new() };
+        let arena = Arena { heap: base.cast(), pages, image: OnceCell::new() };
         let heap_start = align_up(size_of::<Heap>(), 64);
         let first_end = base.wrapping_add(heap_start + FIRST_HEAP);
         if !arena.pages.commit(first_end) {
@@ -209,11 +202,6 @@ impl Arena {
     fn heap_end(&self) -> *mut u8 {
         // SAFETY: the heap lives as long as the arena.
         unsafe { (*self.heap).source.heap_end }
-    }
-
-    /// Sets how the heap grows from now on.
-    pub(crate) fn grow_by(&self, step: GrowthStep) {
-        self.pages.step.set(step);
     }
 
     /// A block of `layout`, or null.
@@ -263,7 +251,8 @@ impl Arena {
         self.image.get().map_or(0, |image| image.len())
     }
 
-    /// Copies the heap as it is now, once; [`Arena::restore`] brings this state back.
+    /// Copies the heap as it is now, once; [`Arena::restore`] brings this state back. From
+    /// now on the heap grows in larger steps.
     pub(crate) fn save(&self) {
         let len = self.heap_end() as usize - self.pages.base as usize;
         // SAFETY: [base, heap_end) is committed; every byte of it is initialized
@@ -271,6 +260,7 @@ impl Arena {
         let bytes = unsafe { std::slice::from_raw_parts(self.pages.base, len) };
         if self.image.set(bytes.into()).is_ok() {
             self.pages.high_water.set(self.heap_end());
+            self.pages.saved.set(true);
         }
     }
 
@@ -279,7 +269,7 @@ impl Arena {
     /// makes resident stays within its limit. Growth beyond it fails like any allocation.
     pub(crate) fn confine(&self, bytes: usize) {
         let image = self.image.get().map_or(0, |image| image.len());
-        let limit = image.saturating_add(bytes).min(self.reserved);
+        let limit = image.saturating_add(bytes).min(self.pages.len());
         self.pages.limit.set(self.pages.base.wrapping_add(limit));
     }
 
@@ -318,7 +308,7 @@ impl Arena {
 impl Drop for Arena {
     fn drop(&mut self) {
         // SAFETY: the range was mapped by `new`; whoever allocated in it is gone.
-        unsafe { libc::munmap(self.pages.base.cast(), self.reserved) };
+        unsafe { libc::munmap(self.pages.base.cast(), self.pages.len()) };
     }
 }
 
@@ -340,7 +330,6 @@ mod tests {
         let kept = arena.allocate(layout(100));
         unsafe { kept.write_bytes(7, 100) };
         arena.save();
-        arena.grow_by(GrowthStep::Generous);
         for round in 0..3u8 {
             unsafe { kept.write_bytes(round, 100) };
             let blocks: Vec<*mut u8> = (0..1000).map(|i| arena.allocate(layout(16 + i * 8))).collect();
@@ -360,7 +349,6 @@ mod tests {
     #[test]
     fn the_heap_grows_to_the_reserve_and_fails_beyond() {
         let arena = Arena::new().unwrap();
-        arena.grow_by(GrowthStep::Generous);
         let block = arena.allocate(layout(64 * 1024 * 1024));
         assert!(!block.is_null());
         unsafe { block.add(64 * 1024 * 1024 - 1).write(1) };
@@ -374,7 +362,6 @@ mod tests {
     fn a_restore_returns_what_a_big_run_grew_into() {
         let arena = Arena::new().unwrap();
         arena.save();
-        arena.grow_by(GrowthStep::Generous);
         let size = 32 * 1024 * 1024;
         let block = arena.allocate(layout(size));
         unsafe { block.write_bytes(1, size) };
@@ -397,7 +384,6 @@ mod tests {
     fn a_confined_heap_stays_within_its_allowance() {
         let arena = Arena::new().unwrap();
         arena.save();
-        arena.grow_by(GrowthStep::Generous);
         arena.confine(1024 * 1024);
         let small: Vec<*mut u8> = (0..100).map(|_| arena.allocate(layout(4096))).collect();
         assert!(small.iter().all(|b| !b.is_null()));
@@ -413,7 +399,6 @@ mod tests {
     fn a_restore_leaves_nothing_above_the_image() {
         let arena = Arena::new().unwrap();
         arena.save();
-        arena.grow_by(GrowthStep::Generous);
         for size in [100 * 1024, 16 * 1024 * 1024] {
             let block = arena.allocate(layout(size));
             unsafe { block.write_bytes(0xA5, size) };

@@ -10,7 +10,7 @@
 //! with any limits, and a run never inherits the previous run's settings.
 
 use super::alloc::{HeapMeter, MeteredAllocator, SystemBlocks};
-use super::arena::{Arena, GrowthStep};
+use super::arena::Arena;
 use super::bytecode::{BytecodeCache, CacheKey};
 use super::execution::{self, CurrentRun};
 use super::interrupt::RunGuard;
@@ -156,7 +156,6 @@ impl Engine {
         // Garbage of the hardening would only make the image bigger.
         runtime.run_gc();
         arena.save();
-        arena.grow_by(GrowthStep::Generous);
         Ok(Engine {
             realm,
             dirty: false,
@@ -274,8 +273,13 @@ mod tests {
     fn run_in(engine: &mut Engine, source: &str) -> String {
         let code = engine.compile(source).unwrap();
         engine.begin_run();
+        evaluate(engine, &code)
+    }
+
+    /// Evaluates compiled `code` in the realm as it is now; its value as JSON text.
+    fn evaluate(engine: &Engine, code: &Bytecode) -> String {
         engine.realm.context.with(|ctx| {
-            let main = Function::from_value(js::load(&ctx, &code).unwrap()).unwrap();
+            let main = Function::from_value(js::load(&ctx, code).unwrap()).unwrap();
             let promise: rquickjs::Promise = main.call(()).unwrap();
             while ctx.execute_pending_job() {}
             let value: Value = promise.result::<Value>().unwrap().unwrap();
@@ -312,13 +316,7 @@ mod tests {
         engine.begin_run();
         engine.meter.start_budget(usize::MAX / 2);
         engine.confine_heap(2 * 1024 * 1024);
-        let caught = engine.realm.context.with(|ctx| {
-            let main = Function::from_value(js::load(&ctx, &code).unwrap()).unwrap();
-            let promise: rquickjs::Promise = main.call(()).unwrap();
-            while ctx.execute_pending_job() {}
-            promise.result::<String>().unwrap().unwrap()
-        });
-        assert_eq!(caught, "caught");
+        assert_eq!(evaluate(&engine, &code), "\"caught\"");
         assert!(engine.meter.exceeded(), "the script caught an out-of-memory error that no limit latched");
         engine.reset();
         assert_eq!(run_in(&mut engine, "return 'x'.repeat(8 * 1024 * 1024).length"), "8388608");

@@ -139,10 +139,22 @@ impl Drop for Serving<'_> {
     }
 }
 
-/// Runs the body of a dispatching native. A panic in it ends the run with an internal error
-/// and marks the realm for replacement: left to rquickjs, the panic would wait outside the
-/// heap, which a restore does not reset, and surface in a later run.
-fn guarded<'js, R>(
+/// Runs the body of a dispatching native for the run being served (none is: an uncatchable
+/// error), without letting a panic out (see [`without_panics`]).
+fn serve_native<'js, R>(
+    ctx: &Ctx<'js>,
+    realm: &RealmShared,
+    body: impl FnOnce(&RunEnv<'js>) -> rquickjs::Result<R>,
+) -> rquickjs::Result<R> {
+    let env: Option<&RunEnv<'js>> = realm.current.env();
+    let Some(env) = env else { return Err(js::throw_uncatchable(ctx, "no run is active")) };
+    without_panics(ctx, realm, || body(env))
+}
+
+/// Runs the body of a native. A panic in it ends the run with an internal error and marks the
+/// realm for replacement: left to rquickjs, the panic would wait outside the heap, which a
+/// restore does not reset, and surface in a later run.
+fn without_panics<'js, R>(
     ctx: &Ctx<'js>,
     realm: &RealmShared,
     body: impl FnOnce() -> rquickjs::Result<R>,
@@ -166,8 +178,7 @@ pub(crate) fn add_dispatchers<'js>(
 ) -> rquickjs::Result<()> {
     let realm = shared.clone();
     let host = Function::new(ctx.clone(), move |ctx: Ctx<'js>, args: Rest<Value<'js>>| {
-        guarded(&ctx, &realm, || {
-            let Some(env) = realm.current.env() else { return Err(js::throw_uncatchable(&ctx, "no run is active")) };
+        serve_native(&ctx, &realm, |env| {
             let mut args = args.0;
             let function = args.first().and_then(Value::as_int).and_then(|i| env.functions.get(i as usize));
             let Some(function) = function else { return Err(js::throw_uncatchable(&ctx, "unknown host function")) };
@@ -178,8 +189,7 @@ pub(crate) fn add_dispatchers<'js>(
     natives.set("hostCall", host.with_name("hostCall")?)?;
     let realm = shared.clone();
     let console = Function::new(ctx.clone(), move |ctx: Ctx<'js>, args: Rest<Value<'js>>| {
-        guarded(&ctx, &realm, || {
-            let Some(env) = realm.current.env() else { return Ok(()) };
+        serve_native(&ctx, &realm, |env| {
             let level = match args.0.first().and_then(Value::as_int) {
                 Some(1) => ConsoleLevel::Info,
                 Some(2) => ConsoleLevel::Warn,
@@ -193,8 +203,7 @@ pub(crate) fn add_dispatchers<'js>(
     natives.set("consoleWrite", console.with_name("consoleWrite")?)?;
     let realm = shared.clone();
     let unknown = Function::new(ctx.clone(), move |ctx: Ctx<'js>, name: Value<'js>| -> rquickjs::Result<()> {
-        guarded(&ctx, &realm, || {
-            let Some(env) = realm.current.env() else { return Err(js::throw_uncatchable(&ctx, "no run is active")) };
+        serve_native(&ctx, &realm, |env| {
             counted_attempt(&ctx, env)?;
             let name = js_string(ctx.as_raw().as_ptr(), name.as_raw()).unwrap_or_default();
             let message = unknown_function_message(&name, env.functions.iter().map(String::as_str));
@@ -955,7 +964,7 @@ mod tests {
         let engine = Engine::new().unwrap();
         let shared = engine.realm.shared.clone();
         engine.realm.context.with(|ctx| {
-            let failed = guarded(&ctx, &shared, || -> rquickjs::Result<()> { panic!("a bug in a native") });
+            let failed = without_panics(&ctx, &shared, || -> rquickjs::Result<()> { panic!("a bug in a native") });
             assert!(matches!(failed, Err(rquickjs::Error::Exception)), "{failed:?}");
             let _ = ctx.catch();
         });
