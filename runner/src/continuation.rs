@@ -201,13 +201,17 @@ impl ContinuationCodec {
     }
 
     /// Verifies `token` for `audience` and decodes its state; a stored token is claimed.
-    pub(crate) async fn open(&self, token: &str, audience: &str, limits: &Limits) -> Result<Opened, RunError> {
+    pub(crate) async fn open(&self, token: &Arc<str>, audience: &str, limits: &Limits) -> Result<Opened, RunError> {
         if token.len() as u64 > limits.get(Limit::Continuation) {
             return Err(rejected("token is larger than the continuation limit"));
         }
         let now = SystemTime::now();
         let decoded = match self {
-            ContinuationCodec::Signed(codec) => codec.decode(token, audience, now),
+            // The state is decoded while the MAC is checked; see `decode_overlapped`.
+            ContinuationCodec::Signed(codec) => {
+                let state = codec.decode_overlapped(token, audience, now, |bytes| decode_state(&bytes, limits));
+                return Ok(Opened { state: state.await.map_err(token_error)??, claim: None });
+            }
             ContinuationCodec::Sealed(codec) => codec.decode(token, audience, now),
             ContinuationCodec::Stored(codec) => return open_stored(codec, token, audience, limits).await,
         };
@@ -249,7 +253,6 @@ fn unpack(decoded: Result<(TokenHeader, Vec<u8>), TokenError>) -> Result<(TokenH
     Ok((header, decode_state(&bytes, &Limits::default())?))
 }
 
-/// Decompresses (never beyond the continuation limit) and decodes a state.
 /// Claims a stored token and decodes its state; the claim is released again
 /// if the token turns out not to fit this run.
 async fn open_stored(codec: &StoredCodec, token: &str, audience: &str, limits: &Limits) -> Result<Opened, RunError> {
@@ -273,6 +276,7 @@ async fn open_stored(codec: &StoredCodec, token: &str, audience: &str, limits: &
     }
 }
 
+/// Decompresses (never beyond the continuation limit) and decodes a state.
 fn decode_state(bytes: &[u8], limits: &Limits) -> Result<ContinuationState, RunError> {
     let limit = limits.usize(Limit::Continuation);
     let bytes = decompress(bytes, limit).map_err(|e| token_error(e.into()))?;

@@ -137,7 +137,7 @@ pub struct RunRequest {
     context: Value,
     audience: String,
     limits: LimitOverrides,
-    continuation: Option<String>,
+    continuation: Option<Arc<str>>,
     resolutions: Vec<Resolution>,
     cancel: Option<CancelSignal>,
     logical_run_id: Option<String>,
@@ -189,7 +189,7 @@ impl RunRequest {
         continuation: impl Into<String>,
         resolutions: impl IntoIterator<Item = Resolution>,
     ) -> Self {
-        self.continuation = Some(continuation.into());
+        self.continuation = Some(continuation.into().into());
         self.resolutions = resolutions.into_iter().collect();
         self
     }

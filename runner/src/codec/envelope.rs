@@ -67,13 +67,19 @@ pub(super) fn is_base64url_byte(byte: u8) -> bool {
 }
 
 /// Splits `token` into exactly `N` `.`-separated parts (any of them may be empty).
+///
+/// Tokens can be large, so the separators are found with a vectorized search.
 pub(super) fn split_parts<const N: usize>(token: &str) -> Result<[&str; N], TokenRejection> {
-    let mut pieces = token.split('.');
+    let mut dots = memchr::memchr_iter(b'.', token.as_bytes());
     let mut parts = [""; N];
-    for part in &mut parts {
-        *part = pieces.next().ok_or(TokenRejection::Malformed)?;
+    let mut start = 0;
+    for (i, part) in parts.iter_mut().enumerate() {
+        let end = if i + 1 == N { token.len() } else { dots.next().ok_or(TokenRejection::Malformed)? };
+        // `.` is ASCII, so both ends are character boundaries.
+        *part = token.get(start..end).ok_or(TokenRejection::Malformed)?;
+        start = end + 1;
     }
-    if pieces.next().is_some() {
+    if dots.next().is_some() {
         return Err(TokenRejection::Malformed);
     }
     Ok(parts)
@@ -214,6 +220,14 @@ mod tests {
             let mut buf = vec![1, 2, 3];
             let into = decode_part_into(&text, &mut buf).map(|()| buf);
             prop_assert_eq!(into.ok(), REFERENCE.decode(&text).ok());
+        }
+
+        /// Exactly `N` parts are accepted, split where `str::split` splits.
+        #[test]
+        fn parts_split_as_str_split_does(text in "[a.é]{0,12}") {
+            let reference: Vec<&str> = text.split('.').collect();
+            prop_assert_eq!(split_parts::<3>(&text).ok().map(Vec::from), (reference.len() == 3).then(|| reference.clone()));
+            prop_assert_eq!(split_parts::<2>(&text).ok().map(Vec::from), (reference.len() == 2).then_some(reference));
         }
 
         /// Every byte string encodes as the reference does, with the predicted length.

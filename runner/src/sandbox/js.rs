@@ -128,7 +128,7 @@ pub(crate) fn parse_json<'js>(ctx: &Ctx<'js>, text: &str) -> Option<Value<'js>> 
     // Fast path: in valid JSON text (which is all the runner ever passes here),
     // a string literal without a backslash has no escapes, so it is its own contents.
     if let Some(inner) = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
-        if !inner.as_bytes().contains(&b'\\') {
+        if memchr::memchr(b'\\', inner.as_bytes()).is_none() {
             let value = unsafe { qjs::JS_NewStringLen(raw, inner.as_ptr().cast(), inner.len() as _) };
             if unsafe { qjs::JS_IsException(value) } {
                 let _ = ctx.catch();
