@@ -505,7 +505,9 @@ fn host_call<'js>(
     function: &str,
     args: Vec<Value<'js>>,
 ) -> rquickjs::Result<Value<'js>> {
-    if env.guard.should_stop_checking_stack() {
+    // The stack band is read only before a host function really starts: a call served from
+    // the ledger has no effect, and reading the band costs more than the rest of this check.
+    if env.guard.should_stop() {
         return Err(js::throw_uncatchable(ctx, "the run is stopping"));
     }
     counted_attempt(ctx, env)?;
@@ -562,6 +564,11 @@ fn host_call<'js>(
         let message = format!("the script had more than {} host calls in flight", env.max_in_flight);
         return Err(env.fatal(ctx, RunError::new(ErrorCode::BridgeLimit, message)));
     }
+    drop(bridge);
+    if env.guard.should_stop_checking_stack() {
+        return Err(js::throw_uncatchable(ctx, "the run is stopping"));
+    }
+    let mut bridge = env.bridge.borrow_mut();
     bridge.ledger.push(LedgerEntry {
         function: function.to_string(),
         arguments,
@@ -752,8 +759,12 @@ impl<'js> Driver<'_, 'js> {
             starts.push((index, resume));
         }
         drop(bridge);
-        for (index, resume) in starts {
-            env.start_host(index, Some(resume));
+        // A limit hit during the replay (a caught stack overflow, say) ends the run here,
+        // before any host function runs; the loop reports it.
+        if !env.guard.should_stop_checking_stack() {
+            for (index, resume) in starts {
+                env.start_host(index, Some(resume));
+            }
         }
         Some(Step::Continue)
     }

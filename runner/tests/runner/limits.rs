@@ -33,6 +33,18 @@ async fn stack_overflow_cannot_be_caught() {
     .await;
 }
 
+/// A script that swallowed a stack overflow cannot get a host function to run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_caught_stack_overflow_reaches_no_host_function() {
+    let runner = runner();
+    let tools = Tools::default();
+    let overflow = "function f() { try { f() } catch (e) {} }";
+    let source = format!("{overflow} f(); return await tools.effect()");
+    let err = error(&runner, RunRequest::new(source).host(tools.host())).await;
+    assert_code(&err, ErrorCode::StackOverflow);
+    assert_eq!(tools.count("effect"), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_exhaustion_cannot_be_caught() {
     stops_with("const a = []; for (;;) a.push(new Array(10000).fill(1))", ErrorCode::MemoryLimit).await;
