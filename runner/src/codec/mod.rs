@@ -63,7 +63,8 @@
 //!
 //! When the runner resumes from a large signed token (64 KiB or more under the MAC), it
 //! decompresses and decodes the state on its own thread while a thread of tokio's blocking
-//! pool computes the MAC, so that the two use both cores. The decoded state is dropped unless
+//! pool computes the MAC, so that the two use both cores (one such resume at a time per codec;
+//! the others verify first, on their own thread). The decoded state is dropped unless
 //! the MAC matches, and nothing of it reaches the script or a host function before that. What
 //! the speculative work can cost is bounded: the zstd decoder is built for untrusted input,
 //! and [`decompress()`] never produces more than the continuation limit.

@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, SystemTime};
 
 use hmac::{Hmac, KeyInit, Mac};
@@ -13,6 +14,7 @@ use super::envelope::{self, TokenHeader, decode_part, split_parts};
 #[cfg(test)]
 use super::envelope::{TOKEN_FORMAT, is_base64url_byte};
 use super::error::{CodecConfigError, TokenError, TokenRejection};
+use crate::turn::Turn;
 
 /// The MAC of the `HS256` algorithm.
 type HmacSha256 = Hmac<Sha256>;
@@ -43,6 +45,9 @@ pub struct SignedCodec {
     previous: Vec<HmacSha256>,
     /// Validated limits.
     policy: Policy,
+    /// Overlapped MAC checks in progress (see [`SignedCodec::decode_overlapped`]), shared by
+    /// the clones of this codec.
+    overlapping: Arc<AtomicUsize>,
 }
 
 impl fmt::Debug for SignedCodec {
@@ -70,7 +75,7 @@ impl SignedCodec {
         let policy = Policy::new(&config)?;
         let signing = keyed(&config.secret)?;
         let previous = config.previous_secrets.iter().map(|secret| keyed(secret)).collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { signing, previous, policy })
+        Ok(Self { signing, previous, policy, overlapping: Arc::default() })
     }
 
     /// The configured maximum token age (also the lifetime given to new tokens).
@@ -157,8 +162,8 @@ impl SignedCodec {
     /// `open` sees state bytes that are not authenticated yet. Its result is dropped unless the
     /// token verifies (a bad MAC is [`TokenRejection::BadSignature`] whatever `open` returned),
     /// so it must do nothing but compute. The verification order is otherwise that of
-    /// [`decode`](Self::decode). Outside a tokio runtime, and for small tokens, the MAC is
-    /// checked first, on the calling thread.
+    /// [`decode`](Self::decode). Outside a tokio runtime, for small tokens, and while another
+    /// overlapped decode is in progress, the MAC is checked first, on the calling thread.
     pub(crate) async fn decode_overlapped<T>(
         &self,
         token: &Arc<str>,
@@ -167,7 +172,10 @@ impl SignedCodec {
         open: impl FnOnce(Vec<u8>) -> T,
     ) -> Result<T, TokenError> {
         let (signed, state) = self.split(token)?;
-        let runtime = tokio::runtime::Handle::try_current().ok().filter(|_| signed.len >= OVERLAP_MIN_BYTES);
+        // One overlapped MAC at a time per codec: with more resumes at once the cores are busy
+        // anyway, and the blocking pool would only grow threads.
+        let turn = (signed.len >= OVERLAP_MIN_BYTES).then(|| Turn::take(&self.overlapping)).flatten();
+        let runtime = tokio::runtime::Handle::try_current().ok().filter(|_| turn.is_some());
         let Some(runtime) = runtime else {
             let header = self.verify(token, &signed)?;
             self.policy.accept(&header, Some(audience), now)?;

@@ -224,3 +224,26 @@ async fn overlapped_decode_answers_as_decode_does() {
         }
     }
 }
+
+/// While one overlapped decode is in progress, another checks the MAC first, on its own thread:
+/// the state of a tampered token is then never decoded.
+#[tokio::test]
+async fn one_overlapped_decode_at_a_time() {
+    let codec = codec(SECRET_A);
+    let state = SplitMix64(7).bytes(2 * OVERLAP_MIN_BYTES);
+    let token = codec.encode(&state, AUD, now());
+    let inside_state = token.find('.').unwrap() + 10;
+    let mut tampered = token.into_bytes();
+    tampered[inside_state] = if tampered[inside_state] == b'A' { b'B' } else { b'A' };
+    let tampered: Arc<str> = String::from_utf8(tampered).unwrap().into();
+    let busy = crate::turn::Turn::take(&codec.overlapping);
+    assert!(busy.is_some());
+    let mut decoded = false;
+    let result = codec.decode_overlapped(&tampered, AUD, now(), |_| decoded = true).await;
+    assert_eq!(reason(result), TokenRejection::BadSignature);
+    assert!(!decoded);
+    drop(busy);
+    let result = codec.decode_overlapped(&tampered, AUD, now(), |_| decoded = true).await;
+    assert_eq!(reason(result), TokenRejection::BadSignature);
+    assert!(decoded);
+}
