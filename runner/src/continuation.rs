@@ -1,15 +1,18 @@
 //! Turning paused state into tokens and back, whichever codec the runner uses.
 
+use crate::codec::compress::decompress_progressively;
 use crate::codec::{SealedCodec, SignedCodec, TokenError, TokenHeader, compress, decompress};
 use crate::error::{ErrorCode, RunError};
+use crate::ledger_feed::{FeedItem, FeedSender, LedgerFeed};
 use crate::limits::{Limit, Limits};
 use crate::outcome::Interruption;
-use crate::state::ContinuationState;
+use crate::state::{ContinuationState, LedgerEntry, Parsed, StateHead, StateParser};
 use crate::store::{ClaimId, ContinuationStore, StoreError, StoredContinuation};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::Serialize;
 use std::fmt;
+use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -126,10 +129,21 @@ impl Claim {
     }
 }
 
-/// An opened continuation: its state, and the claim when the token is stored.
+/// An opened continuation: the head of its state, its ledger (whole, or arriving through a
+/// feed while it is decoded), and the claim when the token is stored.
 pub(crate) struct Opened {
-    pub state: ContinuationState,
+    pub head: StateHead,
+    pub ledger: Vec<LedgerEntry>,
+    pub feed: Option<LedgerFeed>,
     pub claim: Option<Arc<Claim>>,
+}
+
+impl Opened {
+    /// A continuation whose state is decoded whole.
+    fn whole(state: ContinuationState, claim: Option<Arc<Claim>>) -> Self {
+        let (head, ledger) = state.into_parts();
+        Opened { head, ledger, feed: None, claim }
+    }
 }
 
 fn rejected(reason: impl fmt::Display) -> RunError {
@@ -201,21 +215,28 @@ impl ContinuationCodec {
     }
 
     /// Verifies `token` for `audience` and decodes its state; a stored token is claimed.
-    pub(crate) async fn open(&self, token: &Arc<str>, audience: &str, limits: &Limits) -> Result<Opened, RunError> {
+    pub(crate) async fn open(&self, token: &str, audience: &str, limits: &Limits) -> Result<Opened, RunError> {
         if token.len() as u64 > limits.get(Limit::Continuation) {
             return Err(rejected("token is larger than the continuation limit"));
         }
         let now = SystemTime::now();
         let decoded = match self {
-            // The state is decoded while the MAC is checked; see `decode_overlapped`.
+            // The state is decoded while the MAC is checked, and its ledger handed over while it
+            // is decoded; see `decode_overlapped` and `stream_state`.
             ContinuationCodec::Signed(codec) => {
-                let state = codec.decode_overlapped(token, audience, now, |bytes| decode_state(&bytes, limits));
-                return Ok(Opened { state: state.await.map_err(token_error)??, claim: None });
+                let limit = limits.usize(Limit::Continuation);
+                let (sender, opened) = tokio::sync::oneshot::channel();
+                codec
+                    .decode_overlapped(token, audience, now, move |bytes| stream_state(&bytes, limit, sender))
+                    .map_err(token_error)?;
+                let (head, feed) =
+                    opened.await.map_err(|_| RunError::internal("the continuation's decoder stopped"))??;
+                return Ok(Opened { head, ledger: Vec::new(), feed: Some(feed), claim: None });
             }
             ContinuationCodec::Sealed(codec) => codec.decode(token, audience, now),
             ContinuationCodec::Stored(codec) => return open_stored(codec, token, audience, limits).await,
         };
-        Ok(Opened { state: decode_state(&decoded.map_err(token_error)?, limits)?, claim: None })
+        Ok(Opened::whole(decode_state(&decoded.map_err(token_error)?, limits)?, None))
     }
 
     /// Verifies `token` and describes it without using it (no audience is
@@ -268,7 +289,7 @@ async fn open_stored(codec: &StoredCodec, token: &str, audience: &str, limits: &
         decode_state(&record.state, limits)
     };
     match checked {
-        Ok(state) => Ok(Opened { state, claim: Some(claim) }),
+        Ok(state) => Ok(Opened::whole(state, Some(claim))),
         Err(error) => {
             claim.release_unless_consumed().await;
             Err(error)
@@ -282,6 +303,59 @@ fn decode_state(bytes: &[u8], limits: &Limits) -> Result<ContinuationState, RunE
     let bytes = decompress(bytes, limit).map_err(|e| token_error(e.into()))?;
     ContinuationState::decode(&bytes).map_err(rejected)
 }
+
+/// Decompresses and decodes a state frame by frame (see [`decompress_progressively`]): its
+/// head goes to `opened` with a feed as soon as it is read, then each frame's entries go to
+/// that feed, then the verdict on the whole state. Stops early once nobody listens.
+fn stream_state(bytes: &[u8], limit: usize, opened: OpenedSender) {
+    let mut opened = Some(opened);
+    let mut feed: Option<FeedSender> = None;
+    let mut parser: Option<StateParser> = None;
+    let mut failure = None;
+    let decompressed = decompress_progressively(bytes, limit, |so_far, total| {
+        let parser = parser.get_or_insert_with(|| StateParser::new(total));
+        let mut entries = Vec::new();
+        let mut listened = true;
+        let step = parser.advance(so_far, |part| match part {
+            Parsed::Head(head) => {
+                let (sender, receiver) = LedgerFeed::new(head.count);
+                feed = Some(sender);
+                listened = opened.take().is_some_and(|opened| opened.send(Ok((head, receiver))).is_ok());
+            }
+            Parsed::Entry(entry) => entries.push(entry),
+        });
+        if let Err(error) = step {
+            failure = Some(rejected(error));
+            return ControlFlow::Break(());
+        }
+        if let Some(sender) = &feed
+            && !entries.is_empty()
+        {
+            listened &= sender.send(FeedItem::Entries(entries)).is_ok();
+        }
+        if listened { ControlFlow::Continue(()) } else { ControlFlow::Break(()) }
+    });
+    let verdict = match (failure, decompressed) {
+        (Some(error), _) => Err(error),
+        (None, Err(error)) => Err(token_error(error.into())),
+        (None, Ok(all)) => match parser {
+            Some(parser) => parser.finish(&all).map_err(rejected),
+            None => Err(rejected("state is truncated")),
+        },
+    };
+    match (opened, feed) {
+        (Some(opened), _) => {
+            let _ = opened.send(Err(verdict.err().unwrap_or_else(|| rejected("state is truncated"))));
+        }
+        (None, Some(feed)) => {
+            let _ = feed.send(FeedItem::End(verdict));
+        }
+        (None, None) => {}
+    }
+}
+
+/// Where [`stream_state`] sends the head of a state and the feed of its ledger.
+type OpenedSender = tokio::sync::oneshot::Sender<Result<(StateHead, LedgerFeed), RunError>>;
 
 fn token_error(error: TokenError) -> RunError {
     RunError::protocol(format!("{error} ({})", error.reason.as_str()))

@@ -3,6 +3,7 @@
 use crate::bytecode_cache::{BytecodeCacheConfig, CacheLookup};
 use crate::error::RunError;
 use crate::event::EventSink;
+use crate::ledger_feed::LedgerFeed;
 use crate::limits::Limits;
 use crate::link::HostLink;
 use crate::outcome::{ConsoleLine, Interruption};
@@ -42,7 +43,12 @@ pub(crate) struct Replay {
     pub logical_run_id: Arc<str>,
     pub seed: u64,
     pub start_clock: f64,
+    /// The recorded calls decoded so far (all of them without a feed).
     pub ledger: Vec<LedgerEntry>,
+    /// The rest of the recorded calls, while they are being decoded (never sent to a worker
+    /// process, which gets the whole ledger).
+    #[serde(skip)]
+    pub feed: Option<LedgerFeed>,
     /// Decisions for interrupted calls, by 1-based call index.
     pub resolutions: HashMap<u32, Value>,
 }

@@ -10,6 +10,7 @@ mod event;
 mod event_queue;
 mod handle;
 mod job;
+mod ledger_feed;
 mod limits;
 mod link;
 mod outcome;

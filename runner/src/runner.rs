@@ -1,7 +1,7 @@
 //! The public entry point: a [`Runner`] executes [`RunRequest`]s.
 
 use crate::bytecode_cache::{BytecodeCacheConfig, RunnerStats, StatsCounters};
-use crate::continuation::{Claim, ContinuationCodec, Inspection};
+use crate::continuation::{Claim, ContinuationCodec, Inspection, Opened};
 use crate::determinism::{fresh_seed, wall_clock_ms};
 use crate::error::{ErrorCode, RunError};
 use crate::event::EventSink;
@@ -24,7 +24,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Audience used when a request names none.
 pub const DEFAULT_AUDIENCE: &str = "default";
@@ -462,11 +462,13 @@ impl Runner {
             return Ok((fresh_replay(request)?, None));
         };
         let codec = self.inner.codec.as_ref().ok_or_else(no_codec)?;
-        let opened = codec.open(token, &request.audience, limits).await?;
-        match resumed_replay(opened.state, request, limits, source, scope) {
-            Ok(replay) => Ok((replay, opened.claim)),
+        let mut opened = codec.open(token, &request.audience, limits).await?;
+        let claim = opened.claim.take();
+        let whole_ledger = matches!(self.inner.backend, Backend::Processes(_));
+        match resumed_replay(opened, request, limits, source, scope, whole_ledger) {
+            Ok(replay) => Ok((replay, claim)),
             Err(error) => {
-                if let Some(claim) = opened.claim {
+                if let Some(claim) = claim {
                     claim.release_unless_consumed().await;
                 }
                 Err(error)
@@ -499,50 +501,64 @@ fn fresh_replay(request: &RunRequest) -> Result<Replay, RunError> {
         seed: fresh_seed(),
         start_clock: wall_clock_ms(),
         ledger: Vec::new(),
+        feed: None,
         resolutions: HashMap::new(),
     })
 }
 
-/// Checks a decoded continuation against this request: same source and scope,
-/// and resolutions that each answer one pending interruption.
+/// Checks an opened continuation against this request: same source and scope, and
+/// resolutions that each answer one pending interruption. With `whole_ledger`, a ledger still
+/// being decoded is waited for.
+///
+/// A resolution must name an interrupted call: that is checked here for the recorded calls
+/// already decoded, and by the worker for the others, once it has them all (before any host
+/// function runs).
 fn resumed_replay(
-    state: ContinuationState,
+    opened: Opened,
     request: &RunRequest,
     limits: &Limits,
     source: &[u8; 32],
     scope: &[u8; 32],
+    whole_ledger: bool,
 ) -> Result<Replay, RunError> {
-    if &state.source_hash != source {
+    let Opened { head, mut ledger, mut feed, .. } = opened;
+    if &head.source_hash != source {
         return Err(RunError::protocol("continuation rejected: it was made for a different source"));
     }
-    if &state.scope_hash != scope {
+    if &head.scope_hash != scope {
         return Err(RunError::protocol(
             "continuation rejected: it was made for a different scope (audience, context or host functions)",
         ));
     }
-    if state.ledger.len() as u64 > limits.get(Limit::HostCalls) {
+    if head.count as u64 > limits.get(Limit::HostCalls) {
         return Err(RunError::new(ErrorCode::BridgeLimit, "the continuation records more host calls than the limit"));
+    }
+    if whole_ledger && let Some(feed) = feed.take() {
+        ledger.extend(feed.collect(Instant::now() + limits.timeout())?);
     }
     let mut resolutions = HashMap::new();
     for resolution in &request.resolutions {
         let index = parse_interruption_id(&resolution.interruption_id)
-            .filter(|&i| {
-                state.ledger.get(i as usize - 1).is_some_and(|e| matches!(e.outcome, CallOutcome::Interrupted(_)))
-            })
-            .ok_or_else(|| {
-                RunError::protocol(format!("unknown interruption id {:?}", clip(&resolution.interruption_id, 64)))
-            })?;
+            .filter(|&i| i as usize <= head.count)
+            .filter(|&i| ledger.get(i as usize - 1).is_none_or(|e| matches!(e.outcome, CallOutcome::Interrupted(_))))
+            .ok_or_else(|| unknown_interruption(&resolution.interruption_id))?;
         if resolutions.insert(index, resolution.value.clone()).is_some() {
             return Err(RunError::protocol(format!("interruption {} is resolved twice", resolution.interruption_id)));
         }
     }
     Ok(Replay {
-        logical_run_id: state.logical_run_id.into(),
-        seed: state.seed,
-        start_clock: state.start_clock,
-        ledger: state.ledger,
+        logical_run_id: head.logical_run_id.into(),
+        seed: head.seed,
+        start_clock: head.start_clock,
+        ledger,
+        feed,
         resolutions,
     })
+}
+
+/// The error for a resolution that names no interrupted call.
+pub(crate) fn unknown_interruption(id: &str) -> RunError {
+    RunError::protocol(format!("unknown interruption id {:?}", clip(id, 64)))
 }
 
 /// `interrupt-<k>` with k ≥ 1 in canonical decimal.

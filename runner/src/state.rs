@@ -5,8 +5,11 @@
 //! host calls are kept as their exact text, so decoding a large ledger is
 //! little more than a bounds-checked copy. Decoding is strict: a CRC-32 trailer
 //! must match (so corruption, or a byte changed by whoever holds the key, is
-//! caught before anything else is read), every length is checked, every text
-//! must be UTF-8 (and JSON where JSON is expected), and trailing bytes are refused.
+//! caught), every length is checked, every text must be UTF-8 (and JSON where
+//! JSON is expected), and trailing bytes are refused. [`StateParser`] reads a
+//! state while it is decompressed, making the checks that need the whole state
+//! (checksum, settle orders) at the end: a resume uses the first recorded calls
+//! before then, but no host function runs before the whole state has passed.
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -121,78 +124,206 @@ impl ContinuationState {
 
     /// Decodes and validates a state; the error says what is wrong.
     pub(crate) fn decode(bytes: &[u8]) -> Result<Self, String> {
-        let Some((bytes, checksum)) = bytes.split_last_chunk::<4>() else {
+        let Some((body, checksum)) = bytes.split_last_chunk::<4>() else {
             return Err("state is truncated".into());
         };
-        if crc32fast::hash(bytes) != u32::from_le_bytes(*checksum) {
+        if crc32fast::hash(body) != u32::from_le_bytes(*checksum) {
             return Err("state checksum mismatch".into());
         }
-        let mut r = Reader { bytes, pos: 0 };
-        if r.take(4)? != MAGIC {
-            return Err("not a continuation state".into());
-        }
-        let version = r.uint()?;
-        if version != STATE_VERSION as u64 {
-            return Err(format!("unsupported state version {version}"));
-        }
-        let source_hash = r.array32()?;
-        let scope_hash = r.array32()?;
-        let logical_run_id = r.text()?.to_string();
-        if logical_run_id.is_empty() || logical_run_id.len() > 256 {
-            return Err("invalid logical run id".into());
-        }
-        let seed = u64::from_le_bytes(r.array8()?);
-        let start_clock = r.clock()?;
-        let count = r.uint()?;
-        // Each entry takes at least 13 bytes, so a count larger than that cannot be honest.
-        if count > (bytes.len() / 13) as u64 {
-            return Err("ledger length exceeds the state".into());
-        }
-        let mut ledger = Vec::with_capacity(count as usize);
-        let mut settles: Vec<u32> = Vec::new();
-        for index in 1..=count {
-            let function = r.text()?.to_string();
-            check_function_name(&function).map_err(|e| format!("call {index}: {e}"))?;
-            let arguments = r.json()?.to_string();
-            if !arguments.starts_with('[') {
-                return Err(format!("call {index}: arguments are not an array"));
+        let mut parser = StateParser::new(bytes.len());
+        let mut head = None;
+        let mut ledger = Vec::new();
+        parser.advance(bytes, |item| match item {
+            Parsed::Head(parsed) => {
+                ledger.reserve_exact(parsed.count);
+                head = Some(parsed);
             }
-            let outcome = match r.byte()? {
-                0 => CallOutcome::Fulfilled(r.json()?.to_string()),
-                1 => {
-                    let message = r.text()?.to_string();
-                    let details = match r.byte()? {
-                        0 => None,
-                        1 => Some(r.json()?.to_string()),
-                        _ => return Err(format!("call {index}: bad details flag")),
-                    };
-                    CallOutcome::Rejected { message, details }
+            Parsed::Entry(entry) => ledger.push(entry),
+        })?;
+        parser.finish(bytes)?;
+        Ok(ContinuationState::from_parts(head.ok_or("state is truncated")?, ledger))
+    }
+
+    /// The state made of `head` (whose count is not kept) and `ledger`.
+    pub(crate) fn from_parts(head: StateHead, ledger: Vec<LedgerEntry>) -> Self {
+        let StateHead { source_hash, scope_hash, logical_run_id, seed, start_clock, count: _ } = head;
+        ContinuationState { source_hash, scope_hash, logical_run_id, seed, start_clock, ledger }
+    }
+
+    /// The head (counting the ledger) and the ledger.
+    pub(crate) fn into_parts(self) -> (StateHead, Vec<LedgerEntry>) {
+        let ContinuationState { source_hash, scope_hash, logical_run_id, seed, start_clock, ledger } = self;
+        (StateHead { source_hash, scope_hash, logical_run_id, seed, start_clock, count: ledger.len() }, ledger)
+    }
+}
+
+/// What a state records before its ledger.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct StateHead {
+    pub source_hash: [u8; 32],
+    pub scope_hash: [u8; 32],
+    pub logical_run_id: String,
+    pub seed: u64,
+    pub start_clock: f64,
+    /// How many ledger entries follow.
+    pub count: usize,
+}
+
+/// One part of a state, as [`StateParser`] reads it.
+pub(crate) enum Parsed {
+    Head(StateHead),
+    Entry(LedgerEntry),
+}
+
+/// Reads a state of known length while its bytes arrive (say, as they are decompressed): the
+/// head, then each ledger entry once all of its bytes are there. Every check of
+/// [`ContinuationState::decode`] is made, the checksum and the settle orders at the end, in
+/// [`finish`](Self::finish).
+pub(crate) struct StateParser {
+    /// Length of the whole state, checksum included.
+    total: usize,
+    /// Where the next part starts.
+    pos: usize,
+    /// Entries still to read; `None` before the head.
+    remaining: Option<usize>,
+    /// Index of the next entry, from 1.
+    next_index: usize,
+    /// Settle orders seen so far.
+    settles: Vec<u32>,
+    /// Checksum of the bytes before `checked`.
+    crc: crc32fast::Hasher,
+    checked: usize,
+}
+
+impl StateParser {
+    /// A parser for a state of `total` bytes.
+    pub(crate) fn new(total: usize) -> Self {
+        StateParser {
+            total,
+            pos: 0,
+            remaining: None,
+            next_index: 1,
+            settles: Vec::new(),
+            crc: crc32fast::Hasher::new(),
+            checked: 0,
+        }
+    }
+
+    /// Reads every part that `available` (the first bytes of the state, more at each call)
+    /// completes, handing each to `emit`.
+    pub(crate) fn advance(&mut self, available: &[u8], mut emit: impl FnMut(Parsed)) -> Result<(), String> {
+        let body = &available[..available.len().min(self.total.saturating_sub(4))];
+        self.crc.update(&body[self.checked.min(body.len())..]);
+        self.checked = self.checked.max(body.len());
+        let complete = available.len() >= self.total;
+        loop {
+            if self.remaining == Some(0) {
+                return Ok(());
+            }
+            let mut r = Reader { bytes: body, pos: self.pos };
+            let parsed = match self.remaining {
+                None => read_head(&mut r, self.total).map(Parsed::Head),
+                Some(_) => read_entry(&mut r, self.next_index).map(Parsed::Entry),
+            };
+            let item = match parsed {
+                Ok(item) => item,
+                // The part goes on in bytes that have not arrived: read it again then.
+                Err(_) if !complete && r.ran_out() => return Ok(()),
+                Err(error) => return Err(error),
+            };
+            self.pos = r.pos;
+            match &item {
+                Parsed::Head(head) => self.remaining = Some(head.count),
+                Parsed::Entry(entry) => {
+                    self.settles.extend(entry.settle_order);
+                    self.next_index += 1;
+                    self.remaining = self.remaining.map(|n| n - 1);
                 }
-                2 => CallOutcome::Interrupted(r.json()?.to_string()),
-                other => return Err(format!("call {index}: unknown outcome {other}")),
-            };
-            let settle_order = match r.byte()? {
-                0 => None,
-                1 => Some(u32::try_from(r.uint()?).map_err(|_| format!("call {index}: bad settle order"))?),
-                _ => return Err(format!("call {index}: bad settle flag")),
-            };
-            let interrupted = matches!(outcome, CallOutcome::Interrupted(_));
-            if interrupted == settle_order.is_some() {
-                return Err(format!("call {index}: settle order does not match its outcome"));
             }
-            settles.extend(settle_order);
-            let clock = r.clock()?;
-            ledger.push(LedgerEntry { function, arguments, outcome, settle_order, clock });
+            emit(item);
         }
-        if r.pos != bytes.len() {
+    }
+
+    /// Checks the end of the state, `all` of whose bytes [`advance`](Self::advance) has read:
+    /// every entry there, nothing after them but a matching checksum, and settle orders that
+    /// number the settled calls from 0.
+    pub(crate) fn finish(mut self, all: &[u8]) -> Result<(), String> {
+        if all.len() != self.total || self.remaining != Some(0) || all.len() < 4 {
+            return Err("state is truncated".into());
+        }
+        if self.pos != self.total - 4 {
             return Err("trailing bytes after the state".into());
         }
-        settles.sort_unstable();
-        if settles.iter().enumerate().any(|(i, &s)| s != i as u32) {
+        let checksum = u32::from_le_bytes(all[self.total - 4..].try_into().expect("four bytes"));
+        if self.crc.finalize() != checksum {
+            return Err("state checksum mismatch".into());
+        }
+        self.settles.sort_unstable();
+        if self.settles.iter().enumerate().any(|(i, &s)| s != i as u32) {
             return Err("settle orders are not a permutation".into());
         }
-        Ok(ContinuationState { source_hash, scope_hash, logical_run_id, seed, start_clock, ledger })
+        Ok(())
     }
+}
+
+/// The head of a state of `total` bytes.
+fn read_head(r: &mut Reader<'_>, total: usize) -> Result<StateHead, String> {
+    if r.take(4)? != MAGIC {
+        return Err("not a continuation state".into());
+    }
+    let version = r.uint()?;
+    if version != STATE_VERSION as u64 {
+        return Err(format!("unsupported state version {version}"));
+    }
+    let source_hash = r.array32()?;
+    let scope_hash = r.array32()?;
+    let logical_run_id = r.text()?.to_string();
+    if logical_run_id.is_empty() || logical_run_id.len() > 256 {
+        return Err("invalid logical run id".into());
+    }
+    let seed = u64::from_le_bytes(r.array8()?);
+    let start_clock = r.clock()?;
+    let count = r.uint()?;
+    // Each entry takes at least 13 bytes, so a count larger than that cannot be honest.
+    if count > (total.saturating_sub(4) / 13) as u64 {
+        return Err("ledger length exceeds the state".into());
+    }
+    Ok(StateHead { source_hash, scope_hash, logical_run_id, seed, start_clock, count: count as usize })
+}
+
+/// Ledger entry `index` (from 1).
+fn read_entry(r: &mut Reader<'_>, index: usize) -> Result<LedgerEntry, String> {
+    let function = r.text()?.to_string();
+    check_function_name(&function).map_err(|e| format!("call {index}: {e}"))?;
+    let arguments = r.json()?.to_string();
+    if !arguments.starts_with('[') {
+        return Err(format!("call {index}: arguments are not an array"));
+    }
+    let outcome = match r.byte()? {
+        0 => CallOutcome::Fulfilled(r.json()?.to_string()),
+        1 => {
+            let message = r.text()?.to_string();
+            let details = match r.byte()? {
+                0 => None,
+                1 => Some(r.json()?.to_string()),
+                _ => return Err(format!("call {index}: bad details flag")),
+            };
+            CallOutcome::Rejected { message, details }
+        }
+        2 => CallOutcome::Interrupted(r.json()?.to_string()),
+        other => return Err(format!("call {index}: unknown outcome {other}")),
+    };
+    let settle_order = match r.byte()? {
+        0 => None,
+        1 => Some(u32::try_from(r.uint()?).map_err(|_| format!("call {index}: bad settle order"))?),
+        _ => return Err(format!("call {index}: bad settle flag")),
+    };
+    let interrupted = matches!(outcome, CallOutcome::Interrupted(_));
+    if interrupted == settle_order.is_some() {
+        return Err(format!("call {index}: settle order does not match its outcome"));
+    }
+    let clock = r.clock()?;
+    Ok(LedgerEntry { function, arguments, outcome, settle_order, clock })
 }
 
 /// Every interrupted call of `ledger`, described for whoever decides.
@@ -263,8 +394,17 @@ struct Reader<'a> {
 }
 
 impl<'a> Reader<'a> {
+    /// Whether the last read failed for want of bytes.
+    fn ran_out(&self) -> bool {
+        self.pos > self.bytes.len()
+    }
+
     fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
-        let end = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len()).ok_or("state is truncated")?;
+        let Some(end) = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len()) else {
+            // Marks the reader as out of bytes (see `ran_out`).
+            self.pos = self.bytes.len() + 1;
+            return Err("state is truncated".into());
+        };
         let out = &self.bytes[self.pos..end];
         self.pos = end;
         Ok(out)
@@ -443,10 +583,34 @@ mod tests {
         }
     }
 
+    /// `bytes` read by a [`StateParser`] as they arrive, `piece` bytes at a time.
+    fn streamed(bytes: &[u8], piece: usize) -> Result<ContinuationState, String> {
+        let mut parser = StateParser::new(bytes.len());
+        let (mut head, mut ledger) = (None, Vec::new());
+        let mut available = 0;
+        loop {
+            available = (available + piece).min(bytes.len());
+            parser.advance(&bytes[..available], |item| match item {
+                Parsed::Head(parsed) => head = Some(parsed),
+                Parsed::Entry(entry) => ledger.push(entry),
+            })?;
+            if available == bytes.len() {
+                break;
+            }
+        }
+        parser.finish(bytes)?;
+        let head = head.ok_or("no head")?;
+        assert_eq!(head.count, ledger.len());
+        Ok(ContinuationState::from_parts(head, ledger))
+    }
+
     #[test]
     fn round_trips() {
         let state = sample();
         assert_eq!(ContinuationState::decode(&state.encode()).unwrap(), state);
+        for piece in [1, 2, 7, 64, 1 << 20] {
+            assert_eq!(streamed(&state.encode(), piece).unwrap(), state, "{piece} bytes at a time");
+        }
     }
 
     #[test]
@@ -454,10 +618,12 @@ mod tests {
         let bytes = sample().encode();
         for cut in 0..bytes.len() {
             assert!(ContinuationState::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+            assert!(streamed(&bytes[..cut], 1 + cut % 5).is_err(), "cut at {cut}, streamed");
         }
         let mut longer = bytes.clone();
         longer.push(0);
         assert!(ContinuationState::decode(&longer).is_err());
+        assert!(streamed(&longer, 3).is_err());
     }
 
     #[test]
@@ -484,6 +650,7 @@ mod tests {
                 }
             }
             assert!(ContinuationState::decode(&mutated).is_err(), "case {case} was accepted");
+            assert!(streamed(&mutated, 1 + case % 9).is_err(), "case {case} was accepted, streamed");
         }
     }
 
@@ -492,6 +659,7 @@ mod tests {
         let mut state = sample();
         state.ledger[1].settle_order = Some(0);
         assert!(ContinuationState::decode(&state.encode()).unwrap_err().contains("permutation"));
+        assert!(streamed(&state.encode(), 5).unwrap_err().contains("permutation"));
         let mut state = sample();
         state.ledger[2].settle_order = Some(2);
         assert!(ContinuationState::decode(&state.encode()).is_err());

@@ -61,13 +61,13 @@
 //!
 //! Decoding never panics, whatever the input.
 //!
-//! When the runner resumes from a large signed token (64 KiB or more under the MAC), it
-//! decompresses and decodes the state on its own thread while a thread of tokio's blocking
-//! pool computes the MAC, so that the two use both cores (one such resume at a time per codec;
-//! the others verify first, on their own thread). The decoded state is dropped unless
-//! the MAC matches, and nothing of it reaches the script or a host function before that. What
-//! the speculative work can cost is bounded: the zstd decoder is built for untrusted input,
-//! and [`decompress()`] never produces more than the continuation limit.
+//! When the runner resumes from a large signed token (64 KiB or more under the MAC), a thread
+//! of tokio's blocking pool starts decompressing and decoding the state while the calling
+//! thread checks the MAC, so that the two use both cores (one such resume at a time per codec;
+//! the others verify first). What the decoder makes of the state goes to a receiver that is
+//! dropped unless the MAC matches, so nothing of an unauthentic state reaches the script or a
+//! host function. What the speculative work can cost is bounded: the zstd decoder is built for
+//! untrusted input, and [`decompress()`] never produces more than the continuation limit.
 //!
 //! # The sealed codec
 //!

@@ -155,22 +155,23 @@ impl SignedCodec {
         out
     }
 
-    /// Like [`decode`](Self::decode), but for a large token the MAC is checked on a thread of
-    /// tokio's blocking pool while `open` works on the state bytes the token carries, so that
-    /// the two take the time of the longer rather than of both.
+    /// Like [`decode`](Self::decode), but hands the state to `open` instead of returning it.
+    /// For a large token, `open` starts at once on a thread of tokio's blocking pool while the
+    /// MAC is checked on this one, so that the two use both cores.
     ///
-    /// `open` sees state bytes that are not authenticated yet. Its result is dropped unless the
-    /// token verifies (a bad MAC is [`TokenRejection::BadSignature`] whatever `open` returned),
-    /// so it must do nothing but compute. The verification order is otherwise that of
-    /// [`decode`](Self::decode). Outside a tokio runtime, for small tokens, and while another
-    /// overlapped decode is in progress, the MAC is checked first, on the calling thread.
-    pub(crate) async fn decode_overlapped<T>(
+    /// `open` may then see state bytes that turn out not to be authentic: it must only compute
+    /// and hand its results to a receiver that the caller drops unless this returns `Ok`. The
+    /// verification order is that of [`decode`](Self::decode), and a bad MAC is
+    /// [`TokenRejection::BadSignature`] whatever `open` made of the state. Outside a tokio
+    /// runtime, for small tokens, and while another overlapped decode of this codec is
+    /// checking its MAC, the token is verified first and `open` runs on this thread after.
+    pub(crate) fn decode_overlapped(
         &self,
-        token: &Arc<str>,
+        token: &str,
         audience: &str,
         now: SystemTime,
-        open: impl FnOnce(Vec<u8>) -> T,
-    ) -> Result<T, TokenError> {
+        open: impl FnOnce(Vec<u8>) + Send + 'static,
+    ) -> Result<(), TokenError> {
         let (signed, state) = self.split(token)?;
         // One overlapped MAC at a time per codec: with more resumes at once the cores are busy
         // anyway, and the blocking pool would only grow threads.
@@ -179,17 +180,13 @@ impl SignedCodec {
         let Some(runtime) = runtime else {
             let header = self.verify(token, &signed)?;
             self.policy.accept(&header, Some(audience), now)?;
-            return Ok(open(state));
+            open(state);
+            return Ok(());
         };
-        let mac = {
-            let (codec, token, signed) = (self.clone(), Arc::clone(token), signed.clone());
-            runtime.spawn_blocking(move || codec.verify(&token, &signed))
-        };
-        let opened = open(state);
-        // The blocking pool refuses work only while the runtime shuts down: verify here then.
-        let header = mac.await.unwrap_or_else(|_| self.verify(token, &signed))?;
+        drop(runtime.spawn_blocking(move || open(state)));
+        let header = self.verify(token, &signed)?;
         self.policy.accept(&header, Some(audience), now)?;
-        Ok(opened)
+        Ok(())
     }
 
     /// Size, shape, MAC, then header; everything except audience and times.
@@ -234,7 +231,6 @@ impl SignedCodec {
 const OVERLAP_MIN_BYTES: usize = 64 * 1024;
 
 /// What the MAC of a token covers and claims, decoded but not authenticated.
-#[derive(Clone)]
 struct Signed {
     /// The decoded header part.
     header: Vec<u8>,

@@ -366,7 +366,7 @@ mod tests {
             source_hash: [0; 32],
             functions: Arc::from(Vec::<String>::new()),
             limits: Limits::default(),
-            replay: Replay { logical_run_id: "run".into(), seed: 0, start_clock: 0.0, ledger, resolutions },
+            replay: Replay { logical_run_id: "run".into(), seed: 0, start_clock: 0.0, ledger, feed: None, resolutions },
             can_interrupt: true,
             has_claim: false,
             events: false,

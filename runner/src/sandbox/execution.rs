@@ -18,9 +18,11 @@ use crate::determinism::{SeededRandom, wall_clock_ms};
 use crate::error::{ErrorCode, RunError};
 use crate::event::{CallSettlement, EventSink, RunEvent};
 use crate::job::{Job, RawOutcome, WorkerMessage};
+use crate::ledger_feed::LedgerFeed;
 use crate::limits::Limit;
 use crate::link::{CallRequest, HostLink};
 use crate::outcome::ConsoleLevel;
+use crate::runner::unknown_interruption;
 use crate::state::{CallOutcome, LedgerEntry};
 use crate::text::{clip, truncate};
 use resumable_host::{HostError, HostResult, Resume, unknown_function_message};
@@ -249,9 +251,12 @@ struct RealmFunctions<'js> {
 
 /// Mutable bookkeeping of the host-call bridge.
 struct Bridge<'js> {
+    /// The recorded calls received so far, then the live ones.
     ledger: Vec<LedgerEntry>,
+    /// The recorded calls still being decoded, until all have arrived.
+    feed: Option<LedgerFeed>,
     recorded: usize,
-    /// Call index for each recorded settle order.
+    /// Call index for each recorded settle order; 0 while not received.
     recorded_settles: Vec<u32>,
     replaying: bool,
     resolutions: HashMap<u32, Json>,
@@ -265,6 +270,46 @@ struct Bridge<'js> {
     interrupted: BTreeSet<u32>,
     our_errors: Vec<OurError<'js>>,
     console: ConsoleBuffer,
+}
+
+impl Bridge<'_> {
+    /// Appends recorded calls that have arrived.
+    fn absorb(&mut self, entries: Vec<LedgerEntry>) {
+        for entry in entries {
+            let index = self.ledger.len() as u32 + 1;
+            match entry.settle_order {
+                // The decoder checks that the orders number the settles; until its verdict,
+                // an order out of range is left for it to report.
+                Some(order) => {
+                    if let Some(slot) = self.recorded_settles.get_mut(order as usize) {
+                        *slot = index;
+                    }
+                }
+                None => {
+                    self.interrupted.insert(index);
+                }
+            }
+            self.ledger.push(entry);
+        }
+    }
+
+    /// Takes in recorded calls from the feed until `enough` holds or all have arrived (and the
+    /// state was found valid).
+    fn pull(&mut self, deadline: Instant, enough: impl Fn(&Self) -> bool) -> Result<(), RunError> {
+        while !enough(self) {
+            let Some(feed) = &self.feed else { return Ok(()) };
+            match feed.next(deadline)? {
+                Some(entries) => self.absorb(entries),
+                None => self.feed = None,
+            }
+        }
+        Ok(())
+    }
+
+    /// The call index of recorded settle `order`, once its entry has arrived.
+    fn recorded_settle(&self, order: usize) -> Option<u32> {
+        self.recorded_settles.get(order).copied().filter(|&index| index != 0)
+    }
 }
 
 /// An error object the runner created; only these carry reserved codes.
@@ -286,25 +331,31 @@ impl<'js> RunEnv<'js> {
     ) -> Result<Self, RunError> {
         let date_to_iso: Function = helpers.get("dateToISOString").map_err(engine_error)?;
         let error_stack: Option<Function> = helpers.get("errorStack").map_err(engine_error)?;
-        let ledger = std::mem::take(&mut job.replay.ledger);
+        let decoded = std::mem::take(&mut job.replay.ledger);
+        let feed = job.replay.feed.take();
+        let recorded = feed.as_ref().map_or(decoded.len(), LedgerFeed::count);
         let resolutions = std::mem::take(&mut job.replay.resolutions);
         let replay = &job.replay;
-        let mut recorded_settles = vec![0u32; ledger.len()];
-        let mut settled = 0usize;
-        let mut interrupted = BTreeSet::new();
-        for (i, entry) in ledger.iter().enumerate() {
-            match entry.settle_order {
-                Some(order) => {
-                    recorded_settles[order as usize] = i as u32 + 1;
-                    settled += 1;
-                }
-                None => {
-                    interrupted.insert(i as u32 + 1);
-                }
-            }
-        }
-        recorded_settles.truncate(settled);
         let limits = &job.limits;
+        let mut bridge = Bridge {
+            recorded,
+            replaying: recorded > 0,
+            ledger: Vec::with_capacity(recorded),
+            feed,
+            recorded_settles: vec![0; recorded],
+            resolutions,
+            calls_made: 0,
+            attempts: 0,
+            next_settle: 0,
+            promises: HashMap::new(),
+            held: Vec::new(),
+            ready: VecDeque::new(),
+            in_flight: 0,
+            interrupted: BTreeSet::new(),
+            our_errors: Vec::new(),
+            console: ConsoleBuffer::new(limits.usize(Limit::Console)),
+        };
+        bridge.absorb(decoded);
         Ok(RunEnv {
             guard,
             shared,
@@ -320,23 +371,7 @@ impl<'js> RunEnv<'js> {
             argument_bytes: limits.usize(Limit::HostCallArguments),
             output_bytes: limits.usize(Limit::HostCallOutput),
             events: job.events.take(),
-            bridge: RefCell::new(Bridge {
-                recorded: ledger.len(),
-                replaying: !ledger.is_empty(),
-                ledger,
-                recorded_settles,
-                resolutions,
-                calls_made: 0,
-                attempts: 0,
-                next_settle: 0,
-                promises: HashMap::new(),
-                held: Vec::new(),
-                ready: VecDeque::new(),
-                in_flight: 0,
-                interrupted,
-                our_errors: Vec::new(),
-                console: ConsoleBuffer::new(limits.usize(Limit::Console)),
-            }),
+            bridge: RefCell::new(bridge),
         })
     }
 
@@ -534,7 +569,14 @@ fn host_call<'js>(
     let index = bridge.calls_made + 1;
     bridge.calls_made = index;
     if (index as usize) <= bridge.recorded {
-        let entry = &bridge.ledger[index as usize - 1];
+        if let Err(error) = bridge.pull(env.deadline, |b| b.ledger.len() >= index as usize) {
+            drop(bridge);
+            return Err(env.fatal(ctx, error));
+        }
+        let Some(entry) = bridge.ledger.get(index as usize - 1) else {
+            drop(bridge);
+            return Err(env.fatal(ctx, RunError::internal("a recorded call is missing from the continuation")));
+        };
         if entry.function != function || entry.arguments != arguments {
             let message = format!(
                 "the script diverged from its continuation at host call {index}: recorded {}({}), now {function}({})",
@@ -725,7 +767,11 @@ impl<'js> Driver<'_, 'js> {
             return None;
         }
         let next = bridge.next_settle as usize;
-        if let Some(&index) = bridge.recorded_settles.get(next) {
+        let arrived = bridge.pull(env.deadline, |b| b.recorded_settle(next).is_some());
+        if let Err(error) = arrived {
+            return Some(Step::Done(Err(error)));
+        }
+        if let Some(index) = bridge.recorded_settle(next) {
             if !bridge.promises.contains_key(&index) {
                 let message = format!("the script did not make host call {index}, which its continuation records");
                 return Some(Step::Done(Err(RunError::protocol(message))));
@@ -740,6 +786,11 @@ impl<'js> Driver<'_, 'js> {
                 bridge.calls_made, bridge.recorded
             );
             return Some(Step::Done(Err(RunError::protocol(message))));
+        }
+        // Now that every recorded call has arrived: each resolution must answer one of them
+        // that was interrupted.
+        if let Some(index) = bridge.resolutions.keys().filter(|index| !bridge.interrupted.contains(index)).min() {
+            return Some(Step::Done(Err(unknown_interruption(&format!("interrupt-{index}")))));
         }
         // The replay matched: from here on host functions run, so a stored
         // continuation is used up now (or the resume stops, having done nothing).

@@ -255,3 +255,67 @@ async fn mutated_states_resigned_with_the_right_key_are_refused_before_any_host_
     }
     assert_eq!(tools.total(), before, "no mutated state reached a host function");
 }
+
+/// Forty calls with 4 KiB of random text each way: a state of about 330 KB that the runner
+/// decodes frame by frame while the worker replays it.
+pub const LARGE_LEDGER: &str = "let n = 0;
+for (let i = 0; i < 40; i++) {
+  let s = '';
+  while (s.length < 4096) s += Math.random().toString(36).slice(2);
+  n += (await tools.echo(s)).length;
+}
+return [n, await tools.approve(n)]";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_ledger_replays_while_it_is_decoded() {
+    let runner = runner();
+    let tools = Tools::default();
+    let first = suspended(&runner, RunRequest::new(LARGE_LEDGER).host(tools.host())).await;
+    assert!(first.continuation.len() > 100_000, "{} bytes", first.continuation.len());
+    let resolution = Resolution::new(first.interruptions[0].id.clone(), json!("yes"));
+    let request = RunRequest::new(LARGE_LEDGER).host(tools.host()).resume(first.continuation, [resolution]);
+    let done = value(&runner, request).await;
+    assert_eq!(done[1], json!("yes"));
+    assert!(done[0].as_u64().unwrap() >= 40 * 4096);
+    assert_eq!((tools.count("echo"), tools.count("approve")), (40, 2), "recorded calls are not run again");
+}
+
+/// Large states re-signed with the right key, wrong where only the end of decoding can tell
+/// (the last recorded call, the length, the checksum), after the worker has replayed the first
+/// calls: refused, and no host function runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_state_wrong_at_its_end_is_refused_before_any_host_call() {
+    use resumable_runner::codec::{SignedCodec, SignedCodecConfig, compress, decompress};
+    let runner = runner();
+    let tools = Tools::default();
+    let first = suspended(&runner, RunRequest::new(LARGE_LEDGER).host(tools.host())).await;
+    let id = first.interruptions[0].id.clone();
+    let before = tools.total();
+    let last_argument = |state: &mut Vec<u8>| {
+        let name = b"tools.echo";
+        let at = state.windows(name.len()).rposition(|w| w == name).unwrap() + name.len() + 8;
+        state[at] = if state[at] == b'a' { b'b' } else { b'a' };
+    };
+    let bad_checksum = {
+        let codec = SignedCodec::new(SignedCodecConfig::new(SECRET)).unwrap();
+        let now = std::time::SystemTime::now();
+        let (header, compressed) = codec.decode_unscoped(&first.continuation, now).unwrap();
+        let mut state = decompress(&compressed, 1 << 24).unwrap();
+        *state.last_mut().unwrap() ^= 1;
+        codec.encode(&compress(&state), &header.audience, now)
+    };
+    let cases = [
+        ("diverged", forge(&first.continuation, last_argument)),
+        ("truncated", forge(&first.continuation, |state| state.truncate(state.len() - 3))),
+        ("trailing", forge(&first.continuation, |state| state.push(0))),
+        ("checksum", bad_checksum),
+    ];
+    for (expected, token) in cases {
+        let request =
+            RunRequest::new(LARGE_LEDGER).host(tools.host()).resume(token, [Resolution::new(id.clone(), json!("yes"))]);
+        let err = error(&runner, request).await;
+        assert_code(&err, ErrorCode::ProtocolError);
+        assert!(err.message.contains(expected), "{expected}: {}", err.message);
+    }
+    assert_eq!(tools.total(), before, "no wrong state reached a host function");
+}

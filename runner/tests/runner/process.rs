@@ -59,6 +59,21 @@ async fn runs_host_calls_and_interrupts_in_a_worker_process() {
     assert_code(&err, ErrorCode::HostFunctionError);
 }
 
+/// A worker process gets the whole ledger of a large continuation, decoded frame by frame.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_ledger_resumes_in_a_worker_process() {
+    use crate::continuations::LARGE_LEDGER;
+    let runner = process_runner(1, "large");
+    let tools = Tools::default();
+    let first = run(&runner, RunRequest::new(LARGE_LEDGER).host(tools.host())).await.unwrap();
+    let paused = first.interrupted().expect("interrupted").clone();
+    assert!(paused.continuation.len() > 100_000, "{} bytes", paused.continuation.len());
+    let resolution = Resolution::new(paused.interruptions[0].id.clone(), json!("yes"));
+    let resumed = RunRequest::new(LARGE_LEDGER).host(tools.host()).resume(paused.continuation, [resolution]);
+    assert_eq!(value(&runner, resumed).await[1], json!("yes"));
+    assert_eq!((tools.count("echo"), tools.count("approve")), (40, 2));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stored_tokens_are_consumed_by_the_parent() {
     let store = Arc::new(MemoryContinuationStore::new());

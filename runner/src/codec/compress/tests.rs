@@ -48,7 +48,7 @@ fn round_trips() {
         ("just below the threshold", vec![b'a'; MIN_COMPRESS_BYTES - 1], STORED),
         ("threshold", vec![b'a'; MIN_COMPRESS_BYTES], ZSTD),
         ("1 MiB random", random, STORED),
-        ("800 KiB hex", hex, ZSTD),
+        ("800 KiB hex", hex, ZSTD_FRAMES),
         ("text", text, ZSTD),
     ];
     for (name, state, tag) in cases {
@@ -63,12 +63,46 @@ fn round_trips() {
     }
 }
 
+/// A framed state is seen piece by piece as it decompresses, and progress can stop it early.
+#[test]
+fn framed_states_decompress_progressively() {
+    let state = hex_state(4);
+    let packed = compress(&state);
+    assert_eq!(packed[0], ZSTD_FRAMES);
+    let mut seen = Vec::new();
+    let out = decompress_progressively(&packed, state.len(), |so_far, total| {
+        assert_eq!(so_far, &state[..so_far.len()]);
+        assert_eq!(total, state.len());
+        seen.push(so_far.len());
+        ControlFlow::Continue(())
+    });
+    assert_eq!(out.unwrap(), state);
+    let expected: Vec<usize> = (1..=state.len().div_ceil(FRAME_INPUT_BYTES))
+        .map(|frames| (frames * FRAME_INPUT_BYTES).min(state.len()))
+        .collect();
+    assert_eq!(seen, expected);
+    let first = decompress_progressively(&packed, state.len(), |_, _| ControlFlow::Break(())).unwrap();
+    assert_eq!(first, &state[..FRAME_INPUT_BYTES]);
+    // Other formats are seen once, whole.
+    let small = compress(&state[..1000]);
+    assert_eq!(small[0], ZSTD);
+    let mut calls = 0;
+    decompress_progressively(&small, 1000, |so_far, total| {
+        calls += 1;
+        assert_eq!(total, 1000);
+        assert_eq!(so_far, &state[..1000]);
+        ControlFlow::Continue(())
+    })
+    .unwrap();
+    assert_eq!(calls, 1);
+}
+
 #[test]
 fn hex_state_compresses_to_about_half() {
     let state = hex_state(2);
     assert_eq!(state.len(), 821_490);
     let packed = compress(&state);
-    assert_eq!(packed[0], ZSTD);
+    assert_eq!(packed[0], ZSTD_FRAMES);
     // 4 bits of information per hex digit: a little over half the input.
     assert!(packed.len() < 420_000, "{}", packed.len());
 }
@@ -77,8 +111,8 @@ fn hex_state_compresses_to_about_half() {
 fn bomb_is_refused_without_decoding() {
     let zeros = vec![0u8; 64 * MIB];
     let packed = compress(&zeros);
-    assert_eq!(packed[0], ZSTD);
-    assert!(packed.len() < 8 * 1024, "{}", packed.len());
+    assert_eq!(packed[0], ZSTD_FRAMES);
+    assert!(packed.len() < 32 * 1024, "{}", packed.len());
     assert_eq!(decompress(&packed, MIB), Err(DecompressError::TooLarge));
     assert_eq!(decompress(&packed, 64 * MIB - 1), Err(DecompressError::TooLarge));
     assert_eq!(decompress(&packed, 64 * MIB).unwrap().len(), 64 * MIB);
@@ -115,7 +149,12 @@ fn corrupt_and_unknown_inputs() {
     two_frames.extend_from_slice(frame);
     let mut trailing = packed.clone();
     trailing.push(0);
-    let cases: [(&[u8], DecompressError); 9] = [
+    let one_of_frames = tagged(ZSTD_FRAMES, frame);
+    let mut frames = two_frames.clone();
+    frames[0] = ZSTD_FRAMES;
+    let mut frames_trailing = frames.clone();
+    frames_trailing.push(0);
+    let cases: [(&[u8], DecompressError); 14] = [
         (&[], DecompressError::Corrupt),
         (&[ZSTD], DecompressError::Corrupt),
         (&[ZSTD, 1, 2, 3, 4, 5, 6, 7, 8], DecompressError::Corrupt),
@@ -123,12 +162,19 @@ fn corrupt_and_unknown_inputs() {
         (&packed[..packed.len() - 1], DecompressError::Corrupt),
         (&two_frames, DecompressError::Corrupt),
         (&trailing, DecompressError::Corrupt),
-        (&[2, 1, 2, 3], DecompressError::UnknownFormat),
+        (&[ZSTD_FRAMES], DecompressError::Corrupt),
+        (&[ZSTD_FRAMES, 1, 2, 3], DecompressError::Corrupt),
+        (&one_of_frames, DecompressError::Corrupt),
+        (&frames_trailing, DecompressError::Corrupt),
+        (&frames[..frames.len() - 1], DecompressError::Corrupt),
+        (&[3, 1, 2, 3], DecompressError::UnknownFormat),
         (&[0xff], DecompressError::UnknownFormat),
     ];
     for (input, expected) in cases {
         assert_eq!(decompress(input, usize::MAX), Err(expected), "{input:?}");
     }
+    // Two frames under the framed tag are a state: the piece twice.
+    assert_eq!(decompress(&frames, usize::MAX).unwrap(), [&hex_state(3)[..10_000]; 2].concat());
     // The stored form of anything is its bytes, limits aside.
     assert_eq!(decompress(&[STORED], 0).unwrap(), b"");
     assert_eq!(decompress(&tagged(STORED, b"abc"), 3).unwrap(), b"abc");
