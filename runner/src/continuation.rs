@@ -215,7 +215,7 @@ impl ContinuationCodec {
     }
 
     /// Verifies `token` for `audience` and decodes its state; a stored token is claimed.
-    pub(crate) async fn open(&self, token: &str, audience: &str, limits: &Limits) -> Result<Opened, RunError> {
+    pub(crate) async fn open(&self, token: &Arc<str>, audience: &str, limits: &Limits) -> Result<Opened, RunError> {
         if token.len() as u64 > limits.get(Limit::Continuation) {
             return Err(rejected("token is larger than the continuation limit"));
         }
@@ -227,7 +227,7 @@ impl ContinuationCodec {
                 let limit = limits.usize(Limit::Continuation);
                 let (sender, opened) = tokio::sync::oneshot::channel();
                 codec
-                    .decode_overlapped(token, audience, now, move |bytes| stream_state(&bytes, limit, sender))
+                    .decode_overlapped(token, audience, now, move |bytes| stream_state(bytes, limit, sender))
                     .map_err(token_error)?;
                 let (head, feed) =
                     opened.await.map_err(|_| RunError::internal("the continuation's decoder stopped"))??;
@@ -307,12 +307,19 @@ fn decode_state(bytes: &[u8], limits: &Limits) -> Result<ContinuationState, RunE
 /// Decompresses and decodes a state frame by frame (see [`decompress_progressively`]): its
 /// head goes to `opened` with a feed as soon as it is read, then each frame's entries go to
 /// that feed, then the verdict on the whole state. Stops early once nobody listens.
-fn stream_state(bytes: &[u8], limit: usize, opened: OpenedSender) {
+fn stream_state(bytes: Result<Vec<u8>, TokenError>, limit: usize, opened: OpenedSender) {
+    let bytes = match bytes {
+        Ok(bytes) => bytes,
+        Err(error) => {
+            let _ = opened.send(Err(token_error(error)));
+            return;
+        }
+    };
     let mut opened = Some(opened);
     let mut feed: Option<FeedSender> = None;
     let mut parser: Option<StateParser> = None;
     let mut failure = None;
-    let decompressed = decompress_progressively(bytes, limit, |so_far, total| {
+    let decompressed = decompress_progressively(&bytes, limit, |so_far, total| {
         let parser = parser.get_or_insert_with(|| StateParser::new(total));
         let mut entries = Vec::new();
         let mut listened = true;

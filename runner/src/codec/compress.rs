@@ -44,6 +44,7 @@
 //! refused before any allocation, and the decoder writes into a buffer of exactly the
 //! declared size, failing if the data would overflow it.
 
+use std::cell::RefCell;
 use std::fmt;
 use std::ops::ControlFlow;
 
@@ -207,8 +208,29 @@ pub fn decompress_progressively(
     let total = usize::try_from(total).map_err(|_| DecompressError::TooLarge)?;
     let mut out = std::io::Cursor::new(Vec::new());
     out.get_mut().try_reserve_exact(total).map_err(|_| DecompressError::TooLarge)?;
-    let mut context = zstd_safe::DCtx::create();
-    for (frame, size) in frames {
+    CONTEXT.with(|context| match context.try_borrow_mut() {
+        Ok(mut context) => decode_frames(&mut context, &frames, total, out, progress),
+        // Only if `progress` itself decompressed: that call gets a context of its own.
+        Err(_) => decode_frames(&mut zstd_safe::DCtx::create(), &frames, total, out, progress),
+    })
+}
+
+thread_local! {
+    /// The decompression context of this thread, reused: making one (about 100 KB) costs as
+    /// much as decoding a few kilobytes.
+    static CONTEXT: RefCell<zstd_safe::DCtx<'static>> = RefCell::new(zstd_safe::DCtx::create());
+}
+
+/// Decodes `frames` (`total` bytes in all) one after the other into `out`, calling `progress`
+/// after each.
+fn decode_frames(
+    context: &mut zstd_safe::DCtx<'static>,
+    frames: &[(&[u8], u64)],
+    total: usize,
+    mut out: std::io::Cursor<Vec<u8>>,
+    mut progress: impl FnMut(&[u8], usize) -> ControlFlow<()>,
+) -> Result<Vec<u8>, DecompressError> {
+    for &(frame, size) in frames {
         let start = out.get_ref().len();
         out.set_position(start as u64);
         // Single-pass decoding straight into `out`: no window buffer, and an error (not a

@@ -2,6 +2,7 @@
 //! the token format and the verification order.
 
 use std::fmt;
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, SystemTime};
@@ -167,43 +168,53 @@ impl SignedCodec {
     /// checking its MAC, the token is verified first and `open` runs on this thread after.
     pub(crate) fn decode_overlapped(
         &self,
-        token: &str,
+        token: &Arc<str>,
         audience: &str,
         now: SystemTime,
-        open: impl FnOnce(Vec<u8>) + Send + 'static,
+        open: impl FnOnce(Result<Vec<u8>, TokenError>) + Send + 'static,
     ) -> Result<(), TokenError> {
-        let (signed, state) = self.split(token)?;
+        let (signed, state_part) = self.split(token)?;
         // One overlapped MAC at a time per codec: with more resumes at once the cores are busy
         // anyway, and the blocking pool would only grow threads.
         let turn = (signed.len >= OVERLAP_MIN_BYTES).then(|| Turn::take(&self.overlapping)).flatten();
         let runtime = tokio::runtime::Handle::try_current().ok().filter(|_| turn.is_some());
         let Some(runtime) = runtime else {
+            let state = decode_part(&token[state_part])?;
             let header = self.verify(token, &signed)?;
             self.policy.accept(&header, Some(audience), now)?;
-            open(state);
+            open(Ok(state));
             return Ok(());
         };
-        drop(runtime.spawn_blocking(move || open(state)));
-        let header = self.verify(token, &signed)?;
+        let shared = Arc::clone(token);
+        let range = state_part.clone();
+        drop(runtime.spawn_blocking(move || open(decode_part(&shared[range]).map_err(TokenError::new))));
+        let header = match self.verify(token, &signed) {
+            Ok(header) => header,
+            // As in `decode`, a malformed state part is reported before a bad MAC.
+            Err(rejection) => return Err(decode_part(&token[state_part]).err().unwrap_or(rejection).into()),
+        };
         self.policy.accept(&header, Some(audience), now)?;
         Ok(())
     }
 
     /// Size, shape, MAC, then header; everything except audience and times.
     fn authenticate(&self, token: &str) -> Result<(TokenHeader, Vec<u8>), TokenRejection> {
-        let (signed, state) = self.split(token)?;
+        let (signed, state_part) = self.split(token)?;
+        let state = decode_part(&token[state_part])?;
         let header = self.verify(token, &signed)?;
         Ok((header, state))
     }
 
-    /// Size and shape: the parts decoded (the state returned apart), nothing authenticated yet.
-    fn split(&self, token: &str) -> Result<(Signed, Vec<u8>), TokenRejection> {
+    /// Size and shape: the header and MAC parts decoded, and where the state part lies in the
+    /// token; nothing authenticated yet.
+    fn split(&self, token: &str) -> Result<(Signed, Range<usize>), TokenRejection> {
         self.policy.check_size(token)?;
         let [header_part, state_part, mac_part] = split_parts(token)?;
         let header = decode_part(header_part)?;
-        let state = decode_part(state_part)?;
         let tag = decode_part(mac_part)?.try_into().map_err(|_| TokenRejection::Malformed)?;
-        Ok((Signed { header, tag, len: header_part.len() + 1 + state_part.len() }, state))
+        let state_start = header_part.len() + 1;
+        let len = state_start + state_part.len();
+        Ok((Signed { header, tag, len }, state_start..len))
     }
 
     /// The MAC of `token` (split into `signed`), then its header.
