@@ -229,8 +229,12 @@ impl ContinuationCodec {
                 codec
                     .decode_overlapped(token, audience, now, move |bytes| stream_state(bytes, limit, sender))
                     .map_err(token_error)?;
-                let (head, feed) =
-                    opened.await.map_err(|_| RunError::internal("the continuation's decoder stopped"))??;
+                let (head, feed) = match tokio::time::timeout(limits.timeout(), opened).await {
+                    Ok(head) => head.map_err(|_| RunError::internal("the continuation's decoder stopped"))??,
+                    Err(_) => {
+                        return Err(RunError::new(ErrorCode::Timeout, "the continuation was not decoded in time"));
+                    }
+                };
                 return Ok(Opened { head, ledger: Vec::new(), feed: Some(feed), claim: None });
             }
             ContinuationCodec::Sealed(codec) => codec.decode(token, audience, now),

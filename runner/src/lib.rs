@@ -48,6 +48,12 @@ pub mod fuzzing {
         let mut bytes = body.to_vec();
         bytes.extend_from_slice(&crc32fast::hash(body).to_le_bytes());
         let parsed = crate::state::ContinuationState::decode(&bytes).is_ok();
+        // Read as it would arrive, in pieces, the state is accepted exactly when it is whole.
+        let mut parser = crate::state::StateParser::new(bytes.len());
+        let streamed =
+            (1..=bytes.len()).step_by(97).chain([bytes.len()]).all(|end| parser.advance(&bytes[..end], |_| {}).is_ok())
+                && parser.finish(&bytes).is_ok();
+        assert_eq!(streamed, parsed, "the streaming parser disagrees with decode");
         let unpacked = crate::codec::decompress(body, 32 << 20)
             .is_ok_and(|raw| crate::state::ContinuationState::decode(&raw).is_ok());
         parsed || unpacked
