@@ -1,7 +1,7 @@
 //! Turning paused state into tokens and back, whichever codec the runner uses.
 
-use crate::codec::compress::decompress_progressively;
-use crate::codec::{SealedCodec, SignedCodec, TokenError, TokenHeader, compress, decompress};
+use crate::codec::compress::FrameDecoder;
+use crate::codec::{DecompressError, SealedCodec, SignedCodec, TokenError, TokenHeader, compress, decompress};
 use crate::error::{ErrorCode, RunError};
 use crate::ledger_feed::{FeedItem, FeedSender, LedgerFeed};
 use crate::limits::{Limit, Limits};
@@ -12,7 +12,6 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::Serialize;
 use std::fmt;
-use std::ops::ControlFlow;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -136,13 +135,21 @@ pub(crate) struct Opened {
     pub ledger: Vec<LedgerEntry>,
     pub feed: Option<LedgerFeed>,
     pub claim: Option<Arc<Claim>>,
+    /// The token's authentication, still to run before anything of the state matters.
+    pub verify: Option<Verify>,
+    /// The rest of the state, to decode into `feed` once the run has started.
+    pub rest: Option<StateStream>,
 }
+
+/// A check that authenticates a continuation whose state was read before it (see
+/// [`SignedCodec`]'s deferred decoding); its error is the token's rejection.
+pub(crate) type Verify = Box<dyn FnOnce() -> Result<(), RunError> + Send + Sync>;
 
 impl Opened {
     /// A continuation whose state is decoded whole.
     fn whole(state: ContinuationState, claim: Option<Arc<Claim>>) -> Self {
         let (head, ledger) = state.into_parts();
-        Opened { head, ledger, feed: None, claim }
+        Opened { head, ledger, feed: None, claim, verify: None, rest: None }
     }
 }
 
@@ -215,28 +222,40 @@ impl ContinuationCodec {
     }
 
     /// Verifies `token` for `audience` and decodes its state; a stored token is claimed.
-    pub(crate) async fn open(&self, token: &Arc<str>, audience: &str, limits: &Limits) -> Result<Opened, RunError> {
+    ///
+    /// With `overlap`, a signed token is opened for a run that overlaps its parts: only the
+    /// state's head is decoded here, the token's MAC is left to [`Opened::verify`] (for the
+    /// worker to run before the script), and the rest of the state to [`Opened::rest`] (for
+    /// this thread to decode while the worker replays).
+    pub(crate) async fn open(
+        &self,
+        token: &Arc<str>,
+        audience: &str,
+        limits: &Limits,
+        overlap: bool,
+    ) -> Result<Opened, RunError> {
         if token.len() as u64 > limits.get(Limit::Continuation) {
             return Err(rejected("token is larger than the continuation limit"));
         }
         let now = SystemTime::now();
         let decoded = match self {
-            // The state is decoded while the MAC is checked, and its ledger handed over while it
-            // is decoded; see `decode_overlapped` and `stream_state`.
-            ContinuationCodec::Signed(codec) => {
-                let limit = limits.usize(Limit::Continuation);
-                let (sender, opened) = tokio::sync::oneshot::channel();
-                codec
-                    .decode_overlapped(token, audience, now, move |bytes| stream_state(bytes, limit, sender))
-                    .map_err(token_error)?;
-                let (head, feed) = match tokio::time::timeout(limits.timeout(), opened).await {
-                    Ok(head) => head.map_err(|_| RunError::internal("the continuation's decoder stopped"))??,
-                    Err(_) => {
-                        return Err(RunError::new(ErrorCode::Timeout, "the continuation was not decoded in time"));
-                    }
+            ContinuationCodec::Signed(codec) if overlap => {
+                let (state, check) = codec.decode_deferred(token, audience, now).map_err(token_error)?;
+                let verify: Verify = Box::new(move || check.verify().map_err(token_error));
+                return match StateStream::start(state, limits.usize(Limit::Continuation)) {
+                    Ok((rest, head, feed)) => Ok(Opened {
+                        head,
+                        ledger: Vec::new(),
+                        feed: Some(feed),
+                        claim: None,
+                        verify: Some(verify),
+                        rest: Some(rest),
+                    }),
+                    // A token that is not authentic is rejected as such, whatever its state holds.
+                    Err(error) => Err(verify().err().unwrap_or(error)),
                 };
-                return Ok(Opened { head, ledger: Vec::new(), feed: Some(feed), claim: None });
             }
+            ContinuationCodec::Signed(codec) => codec.decode(token, audience, now),
             ContinuationCodec::Sealed(codec) => codec.decode(token, audience, now),
             ContinuationCodec::Stored(codec) => return open_stored(codec, token, audience, limits).await,
         };
@@ -308,65 +327,62 @@ fn decode_state(bytes: &[u8], limits: &Limits) -> Result<ContinuationState, RunE
     ContinuationState::decode(&bytes).map_err(rejected)
 }
 
-/// Decompresses and decodes a state frame by frame (see [`decompress_progressively`]): its
-/// head goes to `opened` with a feed as soon as it is read, then each frame's entries go to
-/// that feed, then the verdict on the whole state. Stops early once nobody listens.
-fn stream_state(bytes: Result<Vec<u8>, TokenError>, limit: usize, opened: OpenedSender) {
-    let bytes = match bytes {
-        Ok(bytes) => bytes,
-        Err(error) => {
-            let _ = opened.send(Err(token_error(error)));
-            return;
+/// A state being decoded frame by frame (see [`FrameDecoder`]) into a [`LedgerFeed`].
+pub(crate) struct StateStream {
+    bytes: Vec<u8>,
+    decoder: FrameDecoder,
+    parser: StateParser,
+    feed: FeedSender,
+}
+
+impl StateStream {
+    /// Decodes `bytes` (a compressed state) up to its head; the entries decoded with it are in
+    /// the feed already.
+    fn start(bytes: Vec<u8>, limit: usize) -> Result<(StateStream, StateHead, LedgerFeed), RunError> {
+        let mut decoder = FrameDecoder::new(&bytes, limit).map_err(decompress_error)?;
+        let mut parser = StateParser::new(decoder.total());
+        let (mut head, mut entries) = (None, Vec::new());
+        while head.is_none() {
+            let Some(so_far) = decoder.next_frame(&bytes).map_err(decompress_error)? else { break };
+            parser
+                .advance(so_far, |part| match part {
+                    Parsed::Head(parsed) => head = Some(parsed),
+                    Parsed::Entry(entry) => entries.push(entry),
+                })
+                .map_err(rejected)?;
         }
-    };
-    let mut opened = Some(opened);
-    let mut feed: Option<FeedSender> = None;
-    let mut parser: Option<StateParser> = None;
-    let mut failure = None;
-    let decompressed = decompress_progressively(&bytes, limit, |so_far, total| {
-        let parser = parser.get_or_insert_with(|| StateParser::new(total));
-        let mut entries = Vec::new();
-        let mut listened = true;
-        let step = parser.advance(so_far, |part| match part {
-            Parsed::Head(head) => {
-                let (sender, receiver) = LedgerFeed::new(head.count);
-                feed = Some(sender);
-                listened = opened.take().is_some_and(|opened| opened.send(Ok((head, receiver))).is_ok());
+        let head = head.ok_or_else(|| rejected("state is truncated"))?;
+        let (feed, receiver) = LedgerFeed::new(head.count);
+        if !entries.is_empty() {
+            let _ = feed.send(FeedItem::Entries(entries));
+        }
+        Ok((StateStream { bytes, decoder, parser, feed }, head, receiver))
+    }
+
+    /// Decodes the rest of the state into the feed, then the verdict on the whole state.
+    /// Stops early once nobody listens.
+    pub(crate) fn finish(self) {
+        let StateStream { bytes, mut decoder, mut parser, feed } = self;
+        let mut decode_rest = || -> Result<(), RunError> {
+            while let Some(so_far) = decoder.next_frame(&bytes).map_err(decompress_error)? {
+                let mut entries = Vec::new();
+                let entry = |part| if let Parsed::Entry(entry) = part { Some(entry) } else { None };
+                parser.advance(so_far, |part| entries.extend(entry(part))).map_err(rejected)?;
+                if !entries.is_empty() && feed.send(FeedItem::Entries(entries)).is_err() {
+                    return Ok(());
+                }
             }
-            Parsed::Entry(entry) => entries.push(entry),
-        });
-        if let Err(error) = step {
-            failure = Some(rejected(error));
-            return ControlFlow::Break(());
-        }
-        if let Some(sender) = &feed
-            && !entries.is_empty()
-        {
-            listened &= sender.send(FeedItem::Entries(entries)).is_ok();
-        }
-        if listened { ControlFlow::Continue(()) } else { ControlFlow::Break(()) }
-    });
-    let verdict = match (failure, decompressed) {
-        (Some(error), _) => Err(error),
-        (None, Err(error)) => Err(token_error(error.into())),
-        (None, Ok(all)) => match parser {
-            Some(parser) => parser.finish(&all).map_err(rejected),
-            None => Err(rejected("state is truncated")),
-        },
-    };
-    match (opened, feed) {
-        (Some(opened), _) => {
-            let _ = opened.send(Err(verdict.err().unwrap_or_else(|| rejected("state is truncated"))));
-        }
-        (None, Some(feed)) => {
-            let _ = feed.send(FeedItem::End(verdict));
-        }
-        (None, None) => {}
+            Ok(())
+        };
+        let verdict = decode_rest().and_then(|()| parser.finish(&decoder.into_output()).map_err(rejected));
+        let _ = feed.send(FeedItem::End(verdict));
     }
 }
 
-/// Where [`stream_state`] sends the head of a state and the feed of its ledger.
-type OpenedSender = tokio::sync::oneshot::Sender<Result<(StateHead, LedgerFeed), RunError>>;
+/// A decompression failure, as the rejection of the token that carried the state.
+fn decompress_error(error: DecompressError) -> RunError {
+    token_error(error.into())
+}
 
 fn token_error(error: TokenError) -> RunError {
     RunError::protocol(format!("{error} ({})", error.reason.as_str()))

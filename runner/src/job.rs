@@ -1,6 +1,7 @@
 //! What a worker executes, and what comes back.
 
 use crate::bytecode_cache::{BytecodeCacheConfig, CacheLookup};
+use crate::continuation::Verify;
 use crate::error::RunError;
 use crate::event::EventSink;
 use crate::ledger_feed::LedgerFeed;
@@ -49,6 +50,10 @@ pub(crate) struct Replay {
     /// process, which gets the whole ledger).
     #[serde(skip)]
     pub feed: Option<LedgerFeed>,
+    /// The continuation's authentication, when it is left to the worker: run before the
+    /// script starts.
+    #[serde(skip)]
+    pub verify: Option<Verify>,
     /// Decisions for interrupted calls, by 1-based call index.
     pub resolutions: HashMap<u32, Value>,
 }

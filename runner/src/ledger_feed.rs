@@ -1,10 +1,10 @@
-//! The ledger of a large continuation, handed to the worker while it is still being decoded.
+//! The ledger of a continuation, handed to the worker while it is still being decoded.
 //!
 //! Resuming from a large token is mostly decompressing and decoding its ledger, then replaying
-//! it. With a feed the two overlap: the token's MAC is checked first, then the worker starts
-//! the script while another thread decodes, and each recorded call waits only for its own
-//! entry. Whatever the feed ends with (a checksum or settle order found wrong at the end, say)
-//! is known before the replay ends, so before any host function runs.
+//! it. With a feed the two overlap: the worker authenticates the token and starts the script
+//! while the caller's thread decodes, and each recorded call waits only for its own entry.
+//! Whatever the feed ends with (a checksum or settle order found wrong at the end, say) is
+//! known before the replay ends, so before any host function runs.
 
 use std::time::Instant;
 
@@ -57,19 +57,5 @@ impl LedgerFeed {
             }
             Err(RecvTimeoutError::Disconnected) => Err(RunError::internal("the continuation's decoder stopped")),
         }
-    }
-
-    /// Every entry, waiting for the decoder to finish (for runs that need the whole ledger at
-    /// once).
-    ///
-    /// # Errors
-    ///
-    /// As for [`next`](Self::next).
-    pub(crate) fn collect(self, deadline: Instant) -> Result<Vec<LedgerEntry>, RunError> {
-        let mut ledger = Vec::with_capacity(self.count);
-        while let Some(entries) = self.next(deadline)? {
-            ledger.extend(entries);
-        }
-        Ok(ledger)
     }
 }

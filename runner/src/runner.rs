@@ -1,7 +1,7 @@
 //! The public entry point: a [`Runner`] executes [`RunRequest`]s.
 
 use crate::bytecode_cache::{BytecodeCacheConfig, RunnerStats, StatsCounters};
-use crate::continuation::{Claim, ContinuationCodec, Inspection, Opened};
+use crate::continuation::{Claim, ContinuationCodec, Inspection, Opened, StateStream};
 use crate::determinism::{fresh_seed, wall_clock_ms};
 use crate::error::{ErrorCode, RunError};
 use crate::event::EventSink;
@@ -24,7 +24,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Audience used when a request names none.
 pub const DEFAULT_AUDIENCE: &str = "default";
@@ -313,8 +313,9 @@ impl Runner {
         })?;
         let source_hash = source_hash(&request.source);
         let scope = scope_hash(&request.audience, request.host.names(), &request.context, &source_hash);
-        let (replay, claim) = self.replay(request, &limits, &source_hash, &scope).await?;
-        let result = self.execute(request, limits, tokio, source_hash, scope, replay, claim.clone(), events).await;
+        let (replay, claim, rest) = self.replay(request, &limits, &source_hash, &scope).await?;
+        let result =
+            self.execute(request, limits, tokio, source_hash, scope, replay, claim.clone(), rest, events).await;
         if let Some(claim) = claim {
             claim.release_unless_consumed().await;
         }
@@ -331,6 +332,7 @@ impl Runner {
         scope: [u8; 32],
         replay: Replay,
         claim: Option<Arc<Claim>>,
+        rest: Option<StateStream>,
         events: Option<Arc<EventQueue>>,
     ) -> Result<Outcome, RunError> {
         let seed = replay.seed;
@@ -340,7 +342,7 @@ impl Runner {
         let raw = match &self.inner.backend {
             Backend::Threads(pool) => {
                 let events = events.map(|queue| Box::new(queue) as Box<dyn EventSink>);
-                self.run_on_thread(pool, request, limits, tokio, source_hash, replay, claim, events).await
+                self.run_on_thread(pool, request, limits, tokio, source_hash, replay, claim, rest, events).await
             }
             Backend::Processes(pool) => {
                 let spec = JobSpec {
@@ -392,6 +394,7 @@ impl Runner {
         source_hash: [u8; 32],
         replay: Replay,
         claim: Option<Arc<Claim>>,
+        rest: Option<StateStream>,
         events: Option<Box<dyn EventSink>>,
     ) -> Result<RawOutcome, RunError> {
         let (reply, mut answer) = tokio::sync::oneshot::channel();
@@ -420,6 +423,10 @@ impl Runner {
             lookup: None,
         };
         pool.submit(Task { job, reply })?;
+        // The worker authenticates the continuation and replays it while its rest is decoded here.
+        if let Some(rest) = rest {
+            rest.finish();
+        }
         let mut stop = StopOnDrop { abort, inbox: inbox_sender, armed: true };
         let cancel = request.cancel.clone().unwrap_or_default();
         // A worker stuck in one long native operation cannot be interrupted in
@@ -457,21 +464,29 @@ impl Runner {
         limits: &Limits,
         source: &[u8; 32],
         scope: &[u8; 32],
-    ) -> Result<(Replay, Option<Arc<Claim>>), RunError> {
+    ) -> Result<(Replay, Option<Arc<Claim>>, Option<StateStream>), RunError> {
         let Some(token) = &request.continuation else {
-            return Ok((fresh_replay(request)?, None));
+            return Ok((fresh_replay(request)?, None, None));
         };
         let codec = self.inner.codec.as_ref().ok_or_else(no_codec)?;
-        let mut opened = codec.open(token, &request.audience, limits).await?;
+        // Worker threads can authenticate and replay a continuation while it is decoded; a worker
+        // process gets it whole.
+        let overlap = matches!(self.inner.backend, Backend::Threads(_));
+        let mut opened = codec.open(token, &request.audience, limits, overlap).await?;
         let claim = opened.claim.take();
-        let whole_ledger = matches!(self.inner.backend, Backend::Processes(_));
-        match resumed_replay(opened, request, limits, source, scope, whole_ledger) {
-            Ok(replay) => Ok((replay, claim)),
+        let rest = opened.rest.take();
+        let verify = opened.verify.take();
+        match resumed_replay(opened, request, limits, source, scope) {
+            Ok(mut replay) => {
+                replay.verify = verify;
+                Ok((replay, claim, rest))
+            }
             Err(error) => {
                 if let Some(claim) = claim {
                     claim.release_unless_consumed().await;
                 }
-                Err(error)
+                // A token that is not authentic is rejected as such, whatever its state holds.
+                Err(verify.and_then(|verify| verify().err()).unwrap_or(error))
             }
         }
     }
@@ -502,13 +517,13 @@ fn fresh_replay(request: &RunRequest) -> Result<Replay, RunError> {
         start_clock: wall_clock_ms(),
         ledger: Vec::new(),
         feed: None,
+        verify: None,
         resolutions: HashMap::new(),
     })
 }
 
 /// Checks an opened continuation against this request: same source and scope, and
-/// resolutions that each answer one pending interruption. With `whole_ledger`, a ledger still
-/// being decoded is waited for.
+/// resolutions that each answer one pending interruption.
 ///
 /// A resolution must name an interrupted call: that is checked here for the recorded calls
 /// already decoded, and by the worker for the others, once it has them all (before any host
@@ -519,9 +534,8 @@ fn resumed_replay(
     limits: &Limits,
     source: &[u8; 32],
     scope: &[u8; 32],
-    whole_ledger: bool,
 ) -> Result<Replay, RunError> {
-    let Opened { head, mut ledger, mut feed, .. } = opened;
+    let Opened { head, ledger, feed, .. } = opened;
     if &head.source_hash != source {
         return Err(RunError::protocol("continuation rejected: it was made for a different source"));
     }
@@ -532,9 +546,6 @@ fn resumed_replay(
     }
     if head.count as u64 > limits.get(Limit::HostCalls) {
         return Err(RunError::new(ErrorCode::BridgeLimit, "the continuation records more host calls than the limit"));
-    }
-    if whole_ledger && let Some(feed) = feed.take() {
-        ledger.extend(feed.collect(Instant::now() + limits.timeout())?);
     }
     let mut resolutions = HashMap::new();
     for resolution in &request.resolutions {
@@ -552,6 +563,7 @@ fn resumed_replay(
         start_clock: head.start_clock,
         ledger,
         feed,
+        verify: None,
         resolutions,
     })
 }

@@ -44,9 +44,8 @@
 //! refused before any allocation, and the decoder writes into a buffer of exactly the
 //! declared size, failing if the data would overflow it.
 
-use std::cell::RefCell;
 use std::fmt;
-use std::ops::ControlFlow;
+use std::ops::{ControlFlow, Range};
 
 use zstd::zstd_safe;
 
@@ -181,69 +180,121 @@ pub fn decompress_progressively(
     max_output: usize,
     mut progress: impl FnMut(&[u8], usize) -> ControlFlow<()>,
 ) -> Result<Vec<u8>, DecompressError> {
-    let (&tag, payload) = bytes.split_first().ok_or(DecompressError::Corrupt)?;
-    let frames = match tag {
-        STORED if payload.len() > max_output => return Err(DecompressError::TooLarge),
-        STORED => {
-            let out = payload.to_vec();
-            let _ = progress(&out, out.len());
-            return Ok(out);
-        }
-        ZSTD => vec![declared_frame(payload)?],
-        ZSTD_FRAMES => split_frames(payload)?,
-        _ => return Err(DecompressError::UnknownFormat),
-    };
-    let total =
-        frames.iter().try_fold(0u64, |sum, &(_, size)| sum.checked_add(size)).ok_or(DecompressError::TooLarge)?;
-    if total > u64::try_from(max_output).unwrap_or(u64::MAX) {
-        return Err(DecompressError::TooLarge);
-    }
-    // A frame that declares more than its bytes can decode to is a lie.
-    if frames
-        .iter()
-        .any(|&(frame, size)| size > u64::try_from(frame.len()).unwrap_or(u64::MAX).saturating_mul(MAX_EXPANSION))
-    {
-        return Err(DecompressError::Corrupt);
-    }
-    let total = usize::try_from(total).map_err(|_| DecompressError::TooLarge)?;
-    let mut out = std::io::Cursor::new(Vec::new());
-    out.get_mut().try_reserve_exact(total).map_err(|_| DecompressError::TooLarge)?;
-    CONTEXT.with(|context| match context.try_borrow_mut() {
-        Ok(mut context) => decode_frames(&mut context, &frames, total, out, progress),
-        // Only if `progress` itself decompressed: that call gets a context of its own.
-        Err(_) => decode_frames(&mut zstd_safe::DCtx::create(), &frames, total, out, progress),
-    })
-}
-
-thread_local! {
-    /// The decompression context of this thread, reused: making one (about 100 KB) costs as
-    /// much as decoding a few kilobytes.
-    static CONTEXT: RefCell<zstd_safe::DCtx<'static>> = RefCell::new(zstd_safe::DCtx::create());
-}
-
-/// Decodes `frames` (`total` bytes in all) one after the other into `out`, calling `progress`
-/// after each.
-fn decode_frames(
-    context: &mut zstd_safe::DCtx<'static>,
-    frames: &[(&[u8], u64)],
-    total: usize,
-    mut out: std::io::Cursor<Vec<u8>>,
-    mut progress: impl FnMut(&[u8], usize) -> ControlFlow<()>,
-) -> Result<Vec<u8>, DecompressError> {
-    for &(frame, size) in frames {
-        let start = out.get_ref().len();
-        out.set_position(start as u64);
-        // Single-pass decoding straight into `out`: no window buffer, and an error (not a
-        // reallocation) if the frame decodes to more than it declared.
-        match context.decompress(&mut out, frame) {
-            Ok(len) if len as u64 == size && out.get_ref().len() == start + len => {}
-            Ok(_) | Err(_) => return Err(DecompressError::Corrupt),
-        }
-        if progress(out.get_ref(), total).is_break() {
+    let mut decoder = FrameDecoder::new(bytes, max_output)?;
+    let total = decoder.total();
+    while let Some(so_far) = decoder.next_frame(bytes)? {
+        if progress(so_far, total).is_break() {
             break;
         }
     }
-    Ok(out.into_inner())
+    Ok(decoder.into_output())
+}
+
+/// Undoes [`compress`] one frame at a time, for a reader that uses the start of a state while
+/// the rest is still compressed ([`decompress_progressively`] with the loop in the caller's
+/// hands). Every frame's declared size, and their sum against the limit, are checked before
+/// anything is decoded.
+pub struct FrameDecoder {
+    /// Where each frame lies in the input, with its declared size; one "frame" of the whole
+    /// payload for a stored state.
+    frames: Vec<(Range<usize>, u64)>,
+    /// Frames decoded so far.
+    decoded: usize,
+    stored: bool,
+    total: usize,
+    out: std::io::Cursor<Vec<u8>>,
+    context: Option<zstd_safe::DCtx<'static>>,
+}
+
+impl FrameDecoder {
+    /// A decoder of `bytes` (the output of [`compress`]) that never produces more than
+    /// `max_output` bytes. The same `bytes` must be passed to each
+    /// [`next_frame`](Self::next_frame).
+    ///
+    /// # Errors
+    ///
+    /// As for [`decompress`], for everything that can be told before decoding.
+    pub fn new(bytes: &[u8], max_output: usize) -> Result<Self, DecompressError> {
+        let (&tag, payload) = bytes.split_first().ok_or(DecompressError::Corrupt)?;
+        let frames = match tag {
+            STORED => vec![(payload, payload.len() as u64)],
+            ZSTD => vec![declared_frame(payload)?],
+            ZSTD_FRAMES => split_frames(payload)?,
+            _ => return Err(DecompressError::UnknownFormat),
+        };
+        let total =
+            frames.iter().try_fold(0u64, |sum, &(_, size)| sum.checked_add(size)).ok_or(DecompressError::TooLarge)?;
+        if total > u64::try_from(max_output).unwrap_or(u64::MAX) {
+            return Err(DecompressError::TooLarge);
+        }
+        let stored = tag == STORED;
+        // A frame that declares more than its bytes can decode to is a lie.
+        let lies = |&(frame, size): &(&[u8], u64)| {
+            size > u64::try_from(frame.len()).unwrap_or(u64::MAX).saturating_mul(MAX_EXPANSION)
+        };
+        if !stored && frames.iter().any(lies) {
+            return Err(DecompressError::Corrupt);
+        }
+        let total = usize::try_from(total).map_err(|_| DecompressError::TooLarge)?;
+        let mut out = std::io::Cursor::new(Vec::new());
+        out.get_mut().try_reserve_exact(total).map_err(|_| DecompressError::TooLarge)?;
+        let base = bytes.as_ptr() as usize;
+        let frames = frames
+            .into_iter()
+            .map(|(frame, size)| {
+                let start = frame.as_ptr() as usize - base;
+                (start..start + frame.len(), size)
+            })
+            .collect();
+        Ok(FrameDecoder { frames, decoded: 0, stored, total, out, context: None })
+    }
+
+    /// The length of the whole state.
+    #[must_use]
+    pub fn total(&self) -> usize {
+        self.total
+    }
+
+    /// Decodes the next frame of `bytes` and returns all the state decoded so far; `None` once
+    /// every frame is decoded.
+    ///
+    /// # Errors
+    ///
+    /// [`DecompressError::Corrupt`] if the frame does not decode to the size it declared.
+    pub fn next_frame(&mut self, bytes: &[u8]) -> Result<Option<&[u8]>, DecompressError> {
+        let Some((range, size)) = self.frames.get(self.decoded).cloned() else { return Ok(None) };
+        let frame = bytes.get(range).ok_or(DecompressError::Corrupt)?;
+        self.decoded += 1;
+        if self.stored {
+            self.out.get_mut().extend_from_slice(frame);
+            return Ok(Some(self.out.get_ref()));
+        }
+        let start = self.out.get_ref().len();
+        self.out.set_position(start as u64);
+        let context = self.context.get_or_insert_with(zstd_safe::DCtx::create);
+        // Single-pass decoding straight into `out`: no window buffer, and an error (not a
+        // reallocation) if the frame decodes to more than it declared.
+        match context.decompress(&mut self.out, frame) {
+            Ok(len) if len as u64 == size && self.out.get_ref().len() == start + len => Ok(Some(self.out.get_ref())),
+            Ok(_) | Err(_) => Err(DecompressError::Corrupt),
+        }
+    }
+
+    /// The state decoded so far.
+    #[must_use]
+    pub fn into_output(self) -> Vec<u8> {
+        self.out.into_inner()
+    }
+}
+
+impl fmt::Debug for FrameDecoder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FrameDecoder")
+            .field("frames", &self.frames.len())
+            .field("decoded", &self.decoded)
+            .field("total", &self.total)
+            .finish_non_exhaustive()
+    }
 }
 
 /// `frame` (one whole zstd frame) with the content size it declares.

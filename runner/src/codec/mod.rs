@@ -61,13 +61,14 @@
 //!
 //! Decoding never panics, whatever the input.
 //!
-//! When the runner resumes from a large signed token (64 KiB or more under the MAC), a thread
-//! of tokio's blocking pool starts decompressing and decoding the state while the calling
-//! thread checks the MAC, so that the two use both cores (one such resume at a time per codec;
-//! the others verify first). What the decoder makes of the state goes to a receiver that is
-//! dropped unless the MAC matches, so nothing of an unauthentic state reaches the script or a
-//! host function. What the speculative work can cost is bounded: the zstd decoder is built for
-//! untrusted input, and [`decompress()`] never produces more than the continuation limit.
+//! When the runner resumes from a signed token on worker threads, it does not wait for the
+//! MAC before decoding: the calling thread decodes the state's head, hands the run to a worker
+//! with the token's authentication still to do, and decodes the rest of the state while the
+//! worker checks the MAC and then replays. The worker checks the MAC before the script starts,
+//! and a token that fails it is rejected as such, whatever its state holds, so nothing of an
+//! unauthentic state reaches the script or a host function. What the early decoding can cost
+//! is bounded: the zstd decoder is built for untrusted input, and [`decompress()`] never
+//! produces more than the continuation limit.
 //!
 //! # The sealed codec
 //!

@@ -4,7 +4,6 @@
 use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
-use std::sync::atomic::AtomicUsize;
 use std::time::{Duration, SystemTime};
 
 use hmac::{Hmac, KeyInit, Mac};
@@ -15,7 +14,6 @@ use super::envelope::{self, TokenHeader, decode_part, split_parts};
 #[cfg(test)]
 use super::envelope::{TOKEN_FORMAT, is_base64url_byte};
 use super::error::{CodecConfigError, TokenError, TokenRejection};
-use crate::turn::Turn;
 
 /// The MAC of the `HS256` algorithm.
 type HmacSha256 = Hmac<Sha256>;
@@ -46,9 +44,6 @@ pub struct SignedCodec {
     previous: Vec<HmacSha256>,
     /// Validated limits.
     policy: Policy,
-    /// Overlapped MAC checks in progress (see [`SignedCodec::decode_overlapped`]), shared by
-    /// the clones of this codec.
-    overlapping: Arc<AtomicUsize>,
 }
 
 impl fmt::Debug for SignedCodec {
@@ -76,7 +71,7 @@ impl SignedCodec {
         let policy = Policy::new(&config)?;
         let signing = keyed(&config.secret)?;
         let previous = config.previous_secrets.iter().map(|secret| keyed(secret)).collect::<Result<Vec<_>, _>>()?;
-        Ok(Self { signing, previous, policy, overlapping: Arc::default() })
+        Ok(Self { signing, previous, policy })
     }
 
     /// The configured maximum token age (also the lifetime given to new tokens).
@@ -156,45 +151,25 @@ impl SignedCodec {
         out
     }
 
-    /// Like [`decode`](Self::decode), but hands the state to `open` instead of returning it.
-    /// For a large token, `open` starts at once on a thread of tokio's blocking pool while the
-    /// MAC is checked on this one, so that the two use both cores.
+    /// Like [`decode`](Self::decode), but returns the state bytes at once, before anything is
+    /// authenticated, together with the check that authenticates them: the MAC, then the
+    /// header (audience and times). Size, shape and base64 are checked first, as `decode` does,
+    /// and the check makes the rest of `decode`'s checks in `decode`'s order.
     ///
-    /// `open` may then see state bytes that turn out not to be authentic: it must only compute
-    /// and hand its results to a receiver that the caller drops unless this returns `Ok`. The
-    /// verification order is that of [`decode`](Self::decode), and a bad MAC is
-    /// [`TokenRejection::BadSignature`] whatever `open` made of the state. Outside a tokio
-    /// runtime, for small tokens, and while another overlapped decode of this codec is
-    /// checking its MAC, the token is verified first and `open` runs on this thread after.
-    pub(crate) fn decode_overlapped(
+    /// The caller must run the check before anything of the state can matter (reach a script
+    /// or a host function), and must report a failed check rather than anything it made of the
+    /// state. This lets a resume decode a large state on one thread while another verifies it.
+    pub(crate) fn decode_deferred(
         &self,
         token: &Arc<str>,
         audience: &str,
         now: SystemTime,
-        open: impl FnOnce(Result<Vec<u8>, TokenError>) + Send + 'static,
-    ) -> Result<(), TokenError> {
+    ) -> Result<(Vec<u8>, DeferredCheck), TokenError> {
         let (signed, state_part) = self.split(token)?;
-        // One overlapped MAC at a time per codec: with more resumes at once the cores are busy
-        // anyway, and the blocking pool would only grow threads.
-        let turn = (signed.len >= OVERLAP_MIN_BYTES).then(|| Turn::take(&self.overlapping)).flatten();
-        let runtime = tokio::runtime::Handle::try_current().ok().filter(|_| turn.is_some());
-        let Some(runtime) = runtime else {
-            let state = decode_part(&token[state_part])?;
-            let header = self.verify(token, &signed)?;
-            self.policy.accept(&header, Some(audience), now)?;
-            open(Ok(state));
-            return Ok(());
-        };
-        let shared = Arc::clone(token);
-        let range = state_part.clone();
-        drop(runtime.spawn_blocking(move || open(decode_part(&shared[range]).map_err(TokenError::new))));
-        let header = match self.verify(token, &signed) {
-            Ok(header) => header,
-            // As in `decode`, a malformed state part is reported before a bad MAC.
-            Err(rejection) => return Err(decode_part(&token[state_part]).err().unwrap_or(rejection).into()),
-        };
-        self.policy.accept(&header, Some(audience), now)?;
-        Ok(())
+        let state = decode_part(&token[state_part])?;
+        let check =
+            DeferredCheck { codec: self.clone(), token: Arc::clone(token), signed, audience: audience.to_owned(), now };
+        Ok((state, check))
     }
 
     /// Size, shape, MAC, then header; everything except audience and times.
@@ -237,9 +212,27 @@ impl SignedCodec {
     }
 }
 
-/// Below this many signed bytes (about 30 µs of HMAC), handing the MAC to another thread
-/// costs more than it saves.
-const OVERLAP_MIN_BYTES: usize = 64 * 1024;
+/// The authentication of a token whose state [`SignedCodec::decode_deferred`] returned early.
+pub(crate) struct DeferredCheck {
+    codec: SignedCodec,
+    token: Arc<str>,
+    signed: Signed,
+    audience: String,
+    now: SystemTime,
+}
+
+impl DeferredCheck {
+    /// The MAC, then the header, its audience and times.
+    ///
+    /// # Errors
+    ///
+    /// The rejection [`SignedCodec::decode`] would give the token.
+    pub(crate) fn verify(self) -> Result<(), TokenError> {
+        let header = self.codec.verify(&self.token, &self.signed)?;
+        self.codec.policy.accept(&header, Some(&self.audience), self.now)?;
+        Ok(())
+    }
+}
 
 /// What the MAC of a token covers and claims, decoded but not authenticated.
 struct Signed {

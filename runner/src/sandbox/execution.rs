@@ -44,6 +44,11 @@ const ENGINE_STACK_SLACK: usize = 1024 * 1024;
 const CONSOLE_ARGUMENT_BYTES: usize = 16 * 1024;
 
 pub(crate) fn execute(engine: &mut Engine, job: &mut Job) -> Result<RawOutcome, RunError> {
+    // A continuation left for this worker to authenticate is checked before anything of it
+    // is used.
+    if let Some(verify) = job.replay.verify.take() {
+        verify()?;
+    }
     let started = Instant::now();
     let deadline = started + job.limits.timeout();
     engine.configure_cache(job.cache);
