@@ -6,7 +6,7 @@ use crate::error::{ErrorCode, RunError};
 use crate::ledger_feed::{FeedItem, FeedSender, LedgerFeed};
 use crate::limits::{Limit, Limits};
 use crate::outcome::Interruption;
-use crate::state::{ContinuationState, LedgerEntry, Parsed, StateHead, StateParser};
+use crate::state::{ContinuationState, Parsed, StateHead, StateParser};
 use crate::store::{ClaimId, ContinuationStore, StoreError, StoredContinuation};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
@@ -128,30 +128,18 @@ impl Claim {
     }
 }
 
-/// An opened continuation: the head of its state, its ledger (whole, or arriving through a
-/// feed while it is decoded), and the claim when the token is stored.
-pub(crate) struct Opened {
-    pub head: StateHead,
-    pub ledger: Vec<LedgerEntry>,
-    pub feed: Option<LedgerFeed>,
-    pub claim: Option<Arc<Claim>>,
-    /// The token's authentication, still to run before anything of the state matters.
-    pub verify: Option<Verify>,
-    /// The rest of the state, to decode into `feed` once the run has started.
-    pub rest: Option<StateStream>,
+/// An opened continuation.
+pub(crate) enum Opened {
+    /// Decoded whole, with the claim when the token is stored.
+    Whole { state: ContinuationState, claim: Option<Arc<Claim>> },
+    /// Still to authenticate (`verify`, for the worker to run before the script) and to decode
+    /// (`rest`, for the caller's thread to decode into `feed` while the worker replays).
+    Streamed { feed: LedgerFeed, verify: Verify, rest: StateStream },
 }
 
 /// A check that authenticates a continuation whose state was read before it (see
 /// [`SignedCodec`]'s deferred decoding); its error is the token's rejection.
 pub(crate) type Verify = Box<dyn FnOnce() -> Result<(), RunError> + Send + Sync>;
-
-impl Opened {
-    /// A continuation whose state is decoded whole.
-    fn whole(state: ContinuationState, claim: Option<Arc<Claim>>) -> Self {
-        let (head, ledger) = state.into_parts();
-        Opened { head, ledger, feed: None, claim, verify: None, rest: None }
-    }
-}
 
 fn rejected(reason: impl fmt::Display) -> RunError {
     RunError::protocol(format!("continuation rejected: {reason}"))
@@ -223,10 +211,9 @@ impl ContinuationCodec {
 
     /// Verifies `token` for `audience` and decodes its state; a stored token is claimed.
     ///
-    /// With `overlap`, a signed token is opened for a run that overlaps its parts: only the
-    /// state's head is decoded here, the token's MAC is left to [`Opened::verify`] (for the
-    /// worker to run before the script), and the rest of the state to [`Opened::rest`] (for
-    /// this thread to decode while the worker replays).
+    /// With `overlap`, a signed token is opened for a run that overlaps its parts
+    /// ([`Opened::Streamed`]): nothing is authenticated or decoded here but its size, shape and
+    /// base64, and the frames of its state.
     pub(crate) async fn open(
         &self,
         token: &Arc<str>,
@@ -242,15 +229,8 @@ impl ContinuationCodec {
             ContinuationCodec::Signed(codec) if overlap => {
                 let (state, check) = codec.decode_deferred(token, audience, now).map_err(token_error)?;
                 let verify: Verify = Box::new(move || check.verify().map_err(token_error));
-                return match StateStream::start(state, limits.usize(Limit::Continuation)) {
-                    Ok((rest, head, feed)) => Ok(Opened {
-                        head,
-                        ledger: Vec::new(),
-                        feed: Some(feed),
-                        claim: None,
-                        verify: Some(verify),
-                        rest: Some(rest),
-                    }),
+                return match StateStream::new(state, limits.usize(Limit::Continuation)) {
+                    Ok((rest, feed)) => Ok(Opened::Streamed { feed, verify, rest }),
                     // A token that is not authentic is rejected as such, whatever its state holds.
                     Err(error) => Err(verify().err().unwrap_or(error)),
                 };
@@ -259,7 +239,7 @@ impl ContinuationCodec {
             ContinuationCodec::Sealed(codec) => codec.decode(token, audience, now),
             ContinuationCodec::Stored(codec) => return open_stored(codec, token, audience, limits).await,
         };
-        Ok(Opened::whole(decode_state(&decoded.map_err(token_error)?, limits)?, None))
+        Ok(Opened::Whole { state: decode_state(&decoded.map_err(token_error)?, limits)?, claim: None })
     }
 
     /// Verifies `token` and describes it without using it (no audience is
@@ -312,7 +292,7 @@ async fn open_stored(codec: &StoredCodec, token: &str, audience: &str, limits: &
         decode_state(&record.state, limits)
     };
     match checked {
-        Ok(state) => Ok(Opened::whole(state, Some(claim))),
+        Ok(state) => Ok(Opened::Whole { state, claim: Some(claim) }),
         Err(error) => {
             claim.release_unless_consumed().await;
             Err(error)
@@ -327,55 +307,54 @@ fn decode_state(bytes: &[u8], limits: &Limits) -> Result<ContinuationState, RunE
     ContinuationState::decode(&bytes).map_err(rejected)
 }
 
-/// A state being decoded frame by frame (see [`FrameDecoder`]) into a [`LedgerFeed`].
+/// A state to decode frame by frame (see [`FrameDecoder`]) into a [`LedgerFeed`].
 pub(crate) struct StateStream {
     bytes: Vec<u8>,
     decoder: FrameDecoder,
-    parser: StateParser,
     feed: FeedSender,
 }
 
 impl StateStream {
-    /// Decodes `bytes` (a compressed state) up to its head; the entries decoded with it are in
-    /// the feed already.
-    fn start(bytes: Vec<u8>, limit: usize) -> Result<(StateStream, StateHead, LedgerFeed), RunError> {
-        let mut decoder = FrameDecoder::new(&bytes, limit).map_err(decompress_error)?;
-        let mut parser = StateParser::new(decoder.total());
-        let (mut head, mut entries) = (None, Vec::new());
-        while head.is_none() {
-            let Some(so_far) = decoder.next_frame(&bytes).map_err(decompress_error)? else { break };
-            parser
-                .advance(so_far, |part| match part {
-                    Parsed::Head(parsed) => head = Some(parsed),
-                    Parsed::Entry(entry) => entries.push(entry),
-                })
-                .map_err(rejected)?;
-        }
-        let head = head.ok_or_else(|| rejected("state is truncated"))?;
-        let (feed, receiver) = LedgerFeed::new(head.count);
-        if !entries.is_empty() {
-            let _ = feed.send(FeedItem::Entries(entries));
-        }
-        Ok((StateStream { bytes, decoder, parser, feed }, head, receiver))
+    /// A stream of `bytes` (a compressed state, whose frames are checked here) and the feed
+    /// it will fill.
+    fn new(bytes: Vec<u8>, limit: usize) -> Result<(StateStream, LedgerFeed), RunError> {
+        let decoder = FrameDecoder::new(&bytes, limit).map_err(decompress_error)?;
+        let (feed, receiver) = LedgerFeed::new();
+        Ok((StateStream { bytes, decoder, feed }, receiver))
     }
 
-    /// Decodes the rest of the state into the feed, then the verdict on the whole state.
-    /// Stops early once nobody listens.
-    pub(crate) fn finish(self) {
-        let StateStream { bytes, mut decoder, mut parser, feed } = self;
-        let mut decode_rest = || -> Result<(), RunError> {
+    /// Decodes the state into the feed: its head, each frame's entries, then the verdict on the
+    /// whole state. Stops early once nobody listens. Returns the head, if it was read.
+    pub(crate) fn finish(self) -> Option<StateHead> {
+        let StateStream { bytes, mut decoder, feed } = self;
+        let mut parser = StateParser::new(decoder.total());
+        let mut head = None;
+        let mut decode = || -> Result<(), RunError> {
             while let Some(so_far) = decoder.next_frame(&bytes).map_err(decompress_error)? {
                 let mut entries = Vec::new();
-                let entry = |part| if let Parsed::Entry(entry) = part { Some(entry) } else { None };
-                parser.advance(so_far, |part| entries.extend(entry(part))).map_err(rejected)?;
-                if !entries.is_empty() && feed.send(FeedItem::Entries(entries)).is_err() {
+                let mut listened = true;
+                parser
+                    .advance(so_far, |part| match part {
+                        Parsed::Head(parsed) => {
+                            listened = feed.send(FeedItem::Head(parsed.clone())).is_ok();
+                            head = Some(parsed);
+                        }
+                        Parsed::Entry(entry) => entries.push(entry),
+                    })
+                    .map_err(rejected)?;
+                if !entries.is_empty() {
+                    listened &= feed.send(FeedItem::Entries(entries)).is_ok();
+                }
+                if !listened {
                     return Ok(());
                 }
             }
             Ok(())
         };
-        let verdict = decode_rest().and_then(|()| parser.finish(&decoder.into_output()).map_err(rejected));
+        let decoded = decode();
+        let verdict = decoded.and_then(|()| parser.finish(&decoder.into_output()).map_err(rejected));
         let _ = feed.send(FeedItem::End(verdict));
+        head
     }
 }
 

@@ -44,18 +44,26 @@ pub(crate) struct Replay {
     pub logical_run_id: Arc<str>,
     pub seed: u64,
     pub start_clock: f64,
-    /// The recorded calls decoded so far (all of them without a feed).
+    /// The recorded calls (none yet when `streamed`).
     pub ledger: Vec<LedgerEntry>,
-    /// The rest of the recorded calls, while they are being decoded (never sent to a worker
-    /// process, which gets the whole ledger).
+    /// A continuation that the worker authenticates, and receives while it is decoded
+    /// (never sent to a worker process, which gets the whole ledger).
     #[serde(skip)]
-    pub feed: Option<LedgerFeed>,
-    /// The continuation's authentication, when it is left to the worker: run before the
-    /// script starts.
-    #[serde(skip)]
-    pub verify: Option<Verify>,
+    pub streamed: Option<Streamed>,
     /// Decisions for interrupted calls, by 1-based call index.
     pub resolutions: HashMap<u32, Value>,
+}
+
+/// A continuation the worker takes over before it is authenticated and decoded: it runs
+/// `verify`, then reads the state's head from `feed` and checks it, and only then starts the
+/// script (whose seed, clock and run id come from that head).
+pub(crate) struct Streamed {
+    pub verify: Option<Verify>,
+    pub feed: LedgerFeed,
+    /// The scope the state must have been made for.
+    pub scope_hash: [u8; 32],
+    /// How many calls the state records, once its head has arrived.
+    pub count: usize,
 }
 
 /// Sent to the worker while a run executes.

@@ -11,10 +11,13 @@ use std::time::Instant;
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::error::{ErrorCode, RunError};
-use crate::state::LedgerEntry;
+use crate::state::{LedgerEntry, StateHead};
 
-/// What the decoding thread sends.
+/// What the decoding thread sends: the head, entries, then the verdict (or the verdict alone,
+/// for a state that fails before its head).
 pub(crate) enum FeedItem {
+    /// What the state records before its ledger.
+    Head(StateHead),
     /// The next entries, in call order.
     Entries(Vec<LedgerEntry>),
     /// The state ended: every entry was sent and the state is valid, or it is not.
@@ -24,22 +27,31 @@ pub(crate) enum FeedItem {
 /// The sending half, for the decoding thread.
 pub(crate) type FeedSender = Sender<FeedItem>;
 
-/// The receiving half: entries of a ledger of known length, as they are decoded.
+/// The receiving half: a state's head, then the entries of its ledger as they are decoded.
 pub(crate) struct LedgerFeed {
-    count: usize,
     receiver: Receiver<FeedItem>,
 }
 
 impl LedgerFeed {
-    /// A feed of a ledger of `count` entries, and the sender that fills it.
-    pub(crate) fn new(count: usize) -> (FeedSender, LedgerFeed) {
+    /// An empty feed, and the sender that fills it.
+    pub(crate) fn new() -> (FeedSender, LedgerFeed) {
         let (sender, receiver) = crossbeam_channel::unbounded();
-        (sender, LedgerFeed { count, receiver })
+        (sender, LedgerFeed { receiver })
     }
 
-    /// How many entries the ledger has.
-    pub(crate) fn count(&self) -> usize {
-        self.count
+    /// The state's head, which comes first. Waits until `deadline` at most.
+    ///
+    /// # Errors
+    ///
+    /// As for [`next`](Self::next).
+    pub(crate) fn head(&self, deadline: Instant) -> Result<StateHead, RunError> {
+        match self.receive(deadline)? {
+            FeedItem::Head(head) => Ok(head),
+            FeedItem::End(verdict) => {
+                Err(verdict.err().unwrap_or_else(|| RunError::internal("a state without a head")))
+            }
+            FeedItem::Entries(_) => Err(RunError::internal("ledger entries before the state's head")),
+        }
     }
 
     /// The next entries; `None` once the state ended valid. Waits until `deadline` at most.
@@ -49,13 +61,19 @@ impl LedgerFeed {
     /// The state's own error (`RUN_PROTOCOL_ERROR`), `RUN_TIMEOUT` past `deadline`, or an
     /// internal error if the decoding thread went away without a verdict.
     pub(crate) fn next(&self, deadline: Instant) -> Result<Option<Vec<LedgerEntry>>, RunError> {
-        match self.receiver.recv_deadline(deadline) {
-            Ok(FeedItem::Entries(entries)) => Ok(Some(entries)),
-            Ok(FeedItem::End(verdict)) => verdict.map(|()| None),
-            Err(RecvTimeoutError::Timeout) => {
-                Err(RunError::new(ErrorCode::Timeout, "the continuation was still being decoded at the time limit"))
-            }
-            Err(RecvTimeoutError::Disconnected) => Err(RunError::internal("the continuation's decoder stopped")),
+        match self.receive(deadline)? {
+            FeedItem::Entries(entries) => Ok(Some(entries)),
+            FeedItem::End(verdict) => verdict.map(|()| None),
+            FeedItem::Head(_) => Err(RunError::internal("a second head in the state")),
         }
+    }
+
+    fn receive(&self, deadline: Instant) -> Result<FeedItem, RunError> {
+        self.receiver.recv_deadline(deadline).map_err(|error| match error {
+            RecvTimeoutError::Timeout => {
+                RunError::new(ErrorCode::Timeout, "the continuation was still being decoded at the time limit")
+            }
+            RecvTimeoutError::Disconnected => RunError::internal("the continuation's decoder stopped"),
+        })
     }
 }

@@ -7,14 +7,14 @@ use crate::error::{ErrorCode, RunError};
 use crate::event::EventSink;
 use crate::event_queue::EventQueue;
 use crate::handle::RunHandle;
-use crate::job::{Job, RawOutcome, Replay, WorkerMessage};
+use crate::job::{Job, RawOutcome, Replay, Streamed, WorkerMessage};
 use crate::limits::{Limit, LimitOverrides, Limits};
 use crate::link::{HostLink, LocalHost};
 use crate::outcome::{Completion, Outcome, Resolution, Suspension};
 use crate::pool::{Pool, Task, answer_soon};
 use crate::process::protocol::JobSpec;
 use crate::process::{ProcessConfig, ProcessPool};
-use crate::state::{CallOutcome, ContinuationState, scope_hash, source_hash};
+use crate::state::{CallOutcome, ContinuationState, LedgerEntry, StateHead, scope_hash, source_hash};
 use crate::text::clip;
 use base64::Engine as _;
 use resumable_host::{CancelSignal, HostFunctions};
@@ -335,14 +335,23 @@ impl Runner {
         rest: Option<StateStream>,
         events: Option<Arc<EventQueue>>,
     ) -> Result<Outcome, RunError> {
-        let seed = replay.seed;
-        let start_clock = replay.start_clock;
-        let logical_run_id = replay.logical_run_id.clone();
+        let mut seed = replay.seed;
+        let mut start_clock = replay.start_clock;
+        let mut logical_run_id = replay.logical_run_id.clone();
 
         let raw = match &self.inner.backend {
             Backend::Threads(pool) => {
                 let events = events.map(|queue| Box::new(queue) as Box<dyn EventSink>);
-                self.run_on_thread(pool, request, limits, tokio, source_hash, replay, claim, rest, events).await
+                let mut decoded = None;
+                let raw = self
+                    .run_on_thread(pool, request, limits, tokio, source_hash, replay, claim, rest, &mut decoded, events)
+                    .await;
+                // A streamed continuation's head, as this thread decoded it (the worker ran on
+                // the same, authenticated, one).
+                if let Some(head) = decoded {
+                    (seed, start_clock, logical_run_id) = (head.seed, head.start_clock, head.logical_run_id.into());
+                }
+                raw
             }
             Backend::Processes(pool) => {
                 let spec = JobSpec {
@@ -395,6 +404,7 @@ impl Runner {
         replay: Replay,
         claim: Option<Arc<Claim>>,
         rest: Option<StateStream>,
+        decoded: &mut Option<StateHead>,
         events: Option<Box<dyn EventSink>>,
     ) -> Result<RawOutcome, RunError> {
         let (reply, mut answer) = tokio::sync::oneshot::channel();
@@ -425,7 +435,7 @@ impl Runner {
         pool.submit(Task { job, reply })?;
         // The worker authenticates the continuation and replays it while its rest is decoded here.
         if let Some(rest) = rest {
-            rest.finish();
+            *decoded = rest.finish();
         }
         let mut stop = StopOnDrop { abort, inbox: inbox_sender, armed: true };
         let cancel = request.cancel.clone().unwrap_or_default();
@@ -472,21 +482,32 @@ impl Runner {
         // Worker threads can authenticate and replay a continuation while it is decoded; a worker
         // process gets it whole.
         let overlap = matches!(self.inner.backend, Backend::Threads(_));
-        let mut opened = codec.open(token, &request.audience, limits, overlap).await?;
-        let claim = opened.claim.take();
-        let rest = opened.rest.take();
-        let verify = opened.verify.take();
-        match resumed_replay(opened, request, limits, source, scope) {
-            Ok(mut replay) => {
-                replay.verify = verify;
-                Ok((replay, claim, rest))
-            }
-            Err(error) => {
-                if let Some(claim) = claim {
-                    claim.release_unless_consumed().await;
+        match codec.open(token, &request.audience, limits, overlap).await? {
+            Opened::Whole { state, claim } => match resumed_replay(state, request, limits, source, scope) {
+                Ok(replay) => Ok((replay, claim, None)),
+                Err(error) => {
+                    if let Some(claim) = claim {
+                        claim.release_unless_consumed().await;
+                    }
+                    Err(error)
                 }
-                // A token that is not authentic is rejected as such, whatever its state holds.
-                Err(verify.and_then(|verify| verify().err()).unwrap_or(error))
+            },
+            Opened::Streamed { feed, verify, rest } => {
+                let resolutions = match resolutions_of(request, None) {
+                    Ok(resolutions) => resolutions,
+                    // A token that is not authentic is rejected as such.
+                    Err(error) => return Err(verify().err().unwrap_or(error)),
+                };
+                let streamed = Streamed { verify: Some(verify), feed, scope_hash: *scope, count: 0 };
+                let replay = Replay {
+                    logical_run_id: Arc::from(""),
+                    seed: 0,
+                    start_clock: 0.0,
+                    ledger: Vec::new(),
+                    streamed: Some(streamed),
+                    resolutions,
+                };
+                Ok((replay, None, Some(rest)))
             }
         }
     }
@@ -516,26 +537,41 @@ fn fresh_replay(request: &RunRequest) -> Result<Replay, RunError> {
         seed: fresh_seed(),
         start_clock: wall_clock_ms(),
         ledger: Vec::new(),
-        feed: None,
-        verify: None,
+        streamed: None,
         resolutions: HashMap::new(),
     })
 }
 
-/// Checks an opened continuation against this request: same source and scope, and
+/// Checks a decoded continuation against this request: same source and scope, and
 /// resolutions that each answer one pending interruption.
-///
-/// A resolution must name an interrupted call: that is checked here for the recorded calls
-/// already decoded, and by the worker for the others, once it has them all (before any host
-/// function runs).
 fn resumed_replay(
-    opened: Opened,
+    state: ContinuationState,
     request: &RunRequest,
     limits: &Limits,
     source: &[u8; 32],
     scope: &[u8; 32],
 ) -> Result<Replay, RunError> {
-    let Opened { head, ledger, feed, .. } = opened;
+    let (head, ledger) = state.into_parts();
+    check_head(&head, source, scope, limits)?;
+    let resolutions = resolutions_of(request, Some(&ledger))?;
+    Ok(Replay {
+        logical_run_id: head.logical_run_id.into(),
+        seed: head.seed,
+        start_clock: head.start_clock,
+        ledger,
+        streamed: None,
+        resolutions,
+    })
+}
+
+/// Checks the head of a continuation's state against a run: made for its source and scope,
+/// recording no more calls than its limit.
+pub(crate) fn check_head(
+    head: &StateHead,
+    source: &[u8; 32],
+    scope: &[u8; 32],
+    limits: &Limits,
+) -> Result<(), RunError> {
     if &head.source_hash != source {
         return Err(RunError::protocol("continuation rejected: it was made for a different source"));
     }
@@ -547,25 +583,26 @@ fn resumed_replay(
     if head.count as u64 > limits.get(Limit::HostCalls) {
         return Err(RunError::new(ErrorCode::BridgeLimit, "the continuation records more host calls than the limit"));
     }
+    Ok(())
+}
+
+/// The decisions of `request` by call index. With `ledger`, each must answer one of its
+/// interrupted calls; without, the worker checks that once it has the whole ledger.
+fn resolutions_of(request: &RunRequest, ledger: Option<&[LedgerEntry]>) -> Result<HashMap<u32, Value>, RunError> {
     let mut resolutions = HashMap::new();
     for resolution in &request.resolutions {
         let index = parse_interruption_id(&resolution.interruption_id)
-            .filter(|&i| i as usize <= head.count)
-            .filter(|&i| ledger.get(i as usize - 1).is_none_or(|e| matches!(e.outcome, CallOutcome::Interrupted(_))))
+            .filter(|&i| {
+                ledger.is_none_or(|ledger| {
+                    ledger.get(i as usize - 1).is_some_and(|e| matches!(e.outcome, CallOutcome::Interrupted(_)))
+                })
+            })
             .ok_or_else(|| unknown_interruption(&resolution.interruption_id))?;
         if resolutions.insert(index, resolution.value.clone()).is_some() {
             return Err(RunError::protocol(format!("interruption {} is resolved twice", resolution.interruption_id)));
         }
     }
-    Ok(Replay {
-        logical_run_id: head.logical_run_id.into(),
-        seed: head.seed,
-        start_clock: head.start_clock,
-        ledger,
-        feed,
-        verify: None,
-        resolutions,
-    })
+    Ok(resolutions)
 }
 
 /// The error for a resolution that names no interrupted call.

@@ -22,7 +22,7 @@ use crate::ledger_feed::LedgerFeed;
 use crate::limits::Limit;
 use crate::link::{CallRequest, HostLink};
 use crate::outcome::ConsoleLevel;
-use crate::runner::unknown_interruption;
+use crate::runner::{check_head, unknown_interruption};
 use crate::state::{CallOutcome, LedgerEntry};
 use crate::text::{clip, truncate};
 use resumable_host::{HostError, HostResult, Resume, unknown_function_message};
@@ -44,11 +44,6 @@ const ENGINE_STACK_SLACK: usize = 1024 * 1024;
 const CONSOLE_ARGUMENT_BYTES: usize = 16 * 1024;
 
 pub(crate) fn execute(engine: &mut Engine, job: &mut Job) -> Result<RawOutcome, RunError> {
-    // A continuation left for this worker to authenticate is checked before anything of it
-    // is used.
-    if let Some(verify) = job.replay.verify.take() {
-        verify()?;
-    }
     let started = Instant::now();
     let deadline = started + job.limits.timeout();
     engine.configure_cache(job.cache);
@@ -69,6 +64,11 @@ pub(crate) fn execute(engine: &mut Engine, job: &mut Job) -> Result<RawOutcome, 
         StackGuard::paint(stack_pointer() - stack_size)
     };
     engine.guard.arm(deadline, job.limits.cpu_time(), job.abort.clone(), stack);
+    // The engine is ready; the script waits until the continuation is authentic.
+    if let Err(error) = take_over_continuation(job, deadline) {
+        engine.guard.disarm();
+        return Err(error);
+    }
     realm.shared.clock.set(job.replay.start_clock);
     *realm.shared.rng.borrow_mut() = SeededRandom::new(job.replay.seed);
     let budget = job.limits.usize(Limit::Memory);
@@ -337,8 +337,10 @@ impl<'js> RunEnv<'js> {
         let date_to_iso: Function = helpers.get("dateToISOString").map_err(engine_error)?;
         let error_stack: Option<Function> = helpers.get("errorStack").map_err(engine_error)?;
         let decoded = std::mem::take(&mut job.replay.ledger);
-        let feed = job.replay.feed.take();
-        let recorded = feed.as_ref().map_or(decoded.len(), LedgerFeed::count);
+        let (feed, recorded) = match job.replay.streamed.take() {
+            Some(streamed) => (Some(streamed.feed), streamed.count),
+            None => (None, decoded.len()),
+        };
         let resolutions = std::mem::take(&mut job.replay.resolutions);
         let replay = &job.replay;
         let limits = &job.limits;
@@ -481,6 +483,22 @@ impl<'js> RunEnv<'js> {
         }
         out
     }
+}
+
+/// Authenticates a streamed continuation, then reads and checks its head, before anything of
+/// it is used; the replay then starts from that head.
+fn take_over_continuation(job: &mut Job, deadline: Instant) -> Result<(), RunError> {
+    let Some(streamed) = job.replay.streamed.as_mut() else { return Ok(()) };
+    if let Some(verify) = streamed.verify.take() {
+        verify()?;
+    }
+    let head = streamed.feed.head(deadline)?;
+    check_head(&head, &job.source_hash, &streamed.scope_hash, &job.limits)?;
+    streamed.count = head.count;
+    job.replay.logical_run_id = head.logical_run_id.into();
+    job.replay.seed = head.seed;
+    job.replay.start_clock = head.start_clock;
+    Ok(())
 }
 
 /// Puts the run's host namespaces into the realm (the console is part of its image).
