@@ -499,6 +499,8 @@ impl Runner {
                     Err(error) => return Err(verify().err().unwrap_or(error)),
                 };
                 let streamed = Streamed { verify: Some(verify), feed, scope_hash: *scope, count: 0 };
+                // The run id, seed and clock are the state's, which the worker reads from the
+                // feed once the token is authentic.
                 let replay = Replay {
                     logical_run_id: Arc::from(""),
                     seed: 0,
