@@ -62,11 +62,11 @@
 //! Decoding never panics, whatever the input.
 //!
 //! When the runner resumes from a signed token on worker threads, it does not wait for the
-//! MAC before decoding: the calling thread decodes the state's head, hands the run to a worker
-//! with the token's authentication still to do, and decodes the rest of the state while the
-//! worker checks the MAC and then replays. The worker checks the MAC before the script starts,
-//! and a token that fails it is rejected as such, whatever its state holds, so nothing of an
-//! unauthentic state reaches the script or a host function. What the early decoding can cost
+//! MAC before decoding: it hands the run to a worker with the token's authentication still to
+//! do, and decodes the state while the worker checks the MAC, reads the state's head and
+//! replays. The worker checks the MAC before it reads anything of the state, and a token that
+//! fails it is rejected as such, whatever its state holds, so nothing of an unauthentic state
+//! reaches the script or a host function. What the early decoding can cost
 //! is bounded: the zstd decoder is built for untrusted input, and [`decompress()`] never
 //! produces more than the continuation limit.
 //!
