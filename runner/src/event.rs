@@ -187,7 +187,8 @@ mod tests {
     #[test]
     fn large_values_are_left_out_but_sized() {
         let text = format!("\"{}\"", "x".repeat(EVENT_VALUE_BYTES));
-        let CallSettlement::Fulfilled { value, bytes } = CallSettlement::of(1, &CallOutcome::Fulfilled(text.clone()))
+        let CallSettlement::Fulfilled { value, bytes } =
+            CallSettlement::of(1, &CallOutcome::Fulfilled(text.as_str().into()))
         else {
             panic!("fulfilled")
         };

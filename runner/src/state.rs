@@ -11,6 +11,8 @@
 //! (checksum, settle orders) at the end: a resume uses the first recorded calls
 //! before then, but no host function runs before the whole state has passed.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -21,8 +23,8 @@ const MAGIC: &[u8; 4] = b"RSv1";
 /// How one host call ended.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) enum CallOutcome {
-    /// Resolved with this JSON text.
-    Fulfilled(String),
+    /// Resolved with this JSON text (shared: a replay hands it to the script without a copy).
+    Fulfilled(Arc<str>),
     /// Rejected with this public message and optional JSON details.
     Rejected { message: String, details: Option<String> },
     /// Interrupted with this JSON payload.
@@ -300,7 +302,7 @@ fn read_entry(r: &mut Reader<'_>, index: usize) -> Result<LedgerEntry, String> {
         return Err(format!("call {index}: arguments are not an array"));
     }
     let outcome = match r.byte()? {
-        0 => CallOutcome::Fulfilled(r.json()?.to_string()),
+        0 => CallOutcome::Fulfilled(r.json()?.into()),
         1 => {
             let message = r.text()?.to_string();
             let details = match r.byte()? {

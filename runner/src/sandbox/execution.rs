@@ -893,7 +893,7 @@ impl<'js> Driver<'_, 'js> {
             other => other,
         };
         let outcome = match result {
-            Ok(value) => CallOutcome::Fulfilled(serde_json::to_string(&value).unwrap_or_else(|_| "null".into())),
+            Ok(value) => CallOutcome::Fulfilled(serde_json::to_string(&value).unwrap_or_else(|_| "null".into()).into()),
             Err(HostError::Interrupt(payload)) => {
                 CallOutcome::Interrupted(serde_json::to_string(&payload).unwrap_or_else(|_| "null".into()))
             }
@@ -903,7 +903,8 @@ impl<'js> Driver<'_, 'js> {
             },
         };
         let size = match &outcome {
-            CallOutcome::Fulfilled(text) | CallOutcome::Interrupted(text) => text.len(),
+            CallOutcome::Fulfilled(text) => text.len(),
+            CallOutcome::Interrupted(text) => text.len(),
             CallOutcome::Rejected { message, details } => message.len() + details.as_ref().map_or(0, String::len),
         };
         let function = env.bridge.borrow().ledger[index as usize - 1].function.clone();
