@@ -1,7 +1,9 @@
 //! Turning paused state into tokens and back, whichever codec the runner uses.
 
 use crate::codec::compress::FrameDecoder;
-use crate::codec::{DecompressError, SealedCodec, SignedCodec, TokenError, TokenHeader, compress, decompress};
+use crate::codec::{
+    DecompressError, SealedCodec, SignedCodec, TokenError, TokenHeader, compress, decode_state_part, decompress,
+};
 use crate::error::{ErrorCode, RunError};
 use crate::ledger_feed::{FeedItem, FeedSender, LedgerFeed};
 use crate::limits::{Limit, Limits};
@@ -12,6 +14,7 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::Serialize;
 use std::fmt;
+use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -227,13 +230,16 @@ impl ContinuationCodec {
         let now = SystemTime::now();
         let decoded = match self {
             ContinuationCodec::Signed(codec) if overlap => {
-                let (state, check) = codec.decode_deferred(token, audience, now).map_err(token_error)?;
+                let (state_part, check) = codec.decode_deferred(token, audience, now).map_err(token_error)?;
                 let verify: Verify = Box::new(move || check.verify().map_err(token_error));
-                return match StateStream::new(state, limits.usize(Limit::Continuation)) {
-                    Ok((rest, feed)) => Ok(Opened::Streamed { feed, verify, rest }),
-                    // A token that is not authentic is rejected as such, whatever its state holds.
-                    Err(error) => Err(verify().err().unwrap_or(error)),
+                let (feed, receiver) = LedgerFeed::new();
+                let rest = StateStream {
+                    token: Arc::clone(token),
+                    state_part,
+                    limit: limits.usize(Limit::Continuation),
+                    feed,
                 };
+                return Ok(Opened::Streamed { feed: receiver, verify, rest });
             }
             ContinuationCodec::Signed(codec) => codec.decode(token, audience, now),
             ContinuationCodec::Sealed(codec) => codec.decode(token, audience, now),
@@ -307,29 +313,26 @@ fn decode_state(bytes: &[u8], limits: &Limits) -> Result<ContinuationState, RunE
     ContinuationState::decode(&bytes).map_err(rejected)
 }
 
-/// A state to decode frame by frame (see [`FrameDecoder`]) into a [`LedgerFeed`].
+/// The state part of a signed token, to decode frame by frame (see [`FrameDecoder`]) into a
+/// [`LedgerFeed`].
 pub(crate) struct StateStream {
-    bytes: Vec<u8>,
-    decoder: FrameDecoder,
+    token: Arc<str>,
+    state_part: Range<usize>,
+    /// The continuation limit: the most bytes the state may decode to.
+    limit: usize,
     feed: FeedSender,
 }
 
 impl StateStream {
-    /// A stream of `bytes` (a compressed state, whose frames are checked here) and the feed
-    /// it will fill.
-    fn new(bytes: Vec<u8>, limit: usize) -> Result<(StateStream, LedgerFeed), RunError> {
-        let decoder = FrameDecoder::new(&bytes, limit).map_err(decompress_error)?;
-        let (feed, receiver) = LedgerFeed::new();
-        Ok((StateStream { bytes, decoder, feed }, receiver))
-    }
-
     /// Decodes the state into the feed: its head, each frame's entries, then the verdict on the
     /// whole state. Stops early once nobody listens. Returns the head, if it was read.
     pub(crate) fn finish(self) -> Option<StateHead> {
-        let StateStream { bytes, mut decoder, feed } = self;
-        let mut parser = StateParser::new(decoder.total());
+        let StateStream { token, state_part, limit, feed } = self;
         let mut head = None;
-        let mut decode = || -> Result<(), RunError> {
+        let decode = || -> Result<(), RunError> {
+            let bytes = decode_state_part(&token, state_part).map_err(token_error)?;
+            let mut decoder = FrameDecoder::new(&bytes, limit).map_err(decompress_error)?;
+            let mut parser = StateParser::new(decoder.total());
             while let Some(so_far) = decoder.next_frame(&bytes).map_err(decompress_error)? {
                 let mut entries = Vec::new();
                 let mut listened = true;
@@ -349,10 +352,9 @@ impl StateStream {
                     return Ok(());
                 }
             }
-            Ok(())
+            parser.finish(&decoder.into_output()).map_err(rejected)
         };
-        let decoded = decode();
-        let verdict = decoded.and_then(|()| parser.finish(&decoder.into_output()).map_err(rejected));
+        let verdict = decode();
         let _ = feed.send(FeedItem::End(verdict));
         head
     }

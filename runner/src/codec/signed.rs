@@ -151,25 +151,31 @@ impl SignedCodec {
         out
     }
 
-    /// Like [`decode`](Self::decode), but returns the state bytes at once, before anything is
-    /// authenticated, together with the check that authenticates them: the MAC, then the
-    /// header (audience and times). Size, shape and base64 are checked first, as `decode` does,
-    /// and the check makes the rest of `decode`'s checks in `decode`'s order.
+    /// Like [`decode`](Self::decode), but checks only the token's size and shape (the header
+    /// and MAC parts decoded) at once, and returns where its state part lies, together with the
+    /// check that authenticates it: the MAC, then the header (audience and times).
     ///
-    /// The caller must run the check before anything of the state can matter (reach a script
-    /// or a host function), and must report a failed check rather than anything it made of the
-    /// state. This lets a resume decode a large state on one thread while another verifies it.
+    /// The caller decodes the state part itself (see [`decode_state_part`]) and must run the
+    /// check before anything of the state can matter (reach a script or a host function); a
+    /// failed check is the token's rejection, whatever the caller made of the state, and it is
+    /// the rejection `decode` gives (a malformed state part before a bad MAC). This lets a
+    /// resume decode a large state on one thread while another verifies it.
     pub(crate) fn decode_deferred(
         &self,
         token: &Arc<str>,
         audience: &str,
         now: SystemTime,
-    ) -> Result<(Vec<u8>, DeferredCheck), TokenError> {
+    ) -> Result<(Range<usize>, DeferredCheck), TokenError> {
         let (signed, state_part) = self.split(token)?;
-        let state = decode_part(&token[state_part])?;
-        let check =
-            DeferredCheck { codec: self.clone(), token: Arc::clone(token), signed, audience: audience.to_owned(), now };
-        Ok((state, check))
+        let check = DeferredCheck {
+            codec: self.clone(),
+            token: Arc::clone(token),
+            signed,
+            state_part: state_part.clone(),
+            audience: audience.to_owned(),
+            now,
+        };
+        Ok((state_part, check))
     }
 
     /// Size, shape, MAC, then header; everything except audience and times.
@@ -217,6 +223,7 @@ pub(crate) struct DeferredCheck {
     codec: SignedCodec,
     token: Arc<str>,
     signed: Signed,
+    state_part: Range<usize>,
     audience: String,
     now: SystemTime,
 }
@@ -228,10 +235,27 @@ impl DeferredCheck {
     ///
     /// The rejection [`SignedCodec::decode`] would give the token.
     pub(crate) fn verify(self) -> Result<(), TokenError> {
-        let header = self.codec.verify(&self.token, &self.signed)?;
+        let header = match self.codec.verify(&self.token, &self.signed) {
+            Ok(header) => header,
+            // `decode` reports a malformed state part before a bad MAC.
+            Err(rejection) => {
+                return Err(decode_state_part(&self.token, self.state_part).err().unwrap_or(rejection.into()));
+            }
+        };
         self.codec.policy.accept(&header, Some(&self.audience), self.now)?;
         Ok(())
     }
+}
+
+/// The bytes of the state part of `token` at `range` (as [`SignedCodec::decode_deferred`]
+/// gives it): strict base64url.
+///
+/// # Errors
+///
+/// [`TokenRejection::Malformed`] for anything else.
+pub(crate) fn decode_state_part(token: &str, range: Range<usize>) -> Result<Vec<u8>, TokenError> {
+    let part = token.get(range).ok_or(TokenRejection::Malformed)?;
+    Ok(decode_part(part)?)
 }
 
 /// What the MAC of a token covers and claims, decoded but not authenticated.

@@ -188,11 +188,13 @@ proptest::proptest! {
     }
 }
 
-/// `decode_deferred`, then its check: the state and the verdict, as `decode` gives them.
+/// `decode_deferred`, then its check, then the state part: the state and the verdict, as
+/// `decode` gives them.
 fn deferred(codec: &SignedCodec, token: &str, audience: &str) -> Result<Vec<u8>, TokenError> {
     let token: Arc<str> = token.into();
-    let (state, check) = codec.decode_deferred(&token, audience, now())?;
-    check.verify().map(|()| state)
+    let (state_part, check) = codec.decode_deferred(&token, audience, now())?;
+    check.verify()?;
+    decode_state_part(&token, state_part)
 }
 
 /// Small and large tokens, valid, tampered, under another secret, expired, with a malformed
