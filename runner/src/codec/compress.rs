@@ -13,7 +13,7 @@
 //! * [`ZSTD_FRAMES`] (`2`): the state cut into pieces of [`FRAME_INPUT_BYTES`] (the last one
 //!   shorter), each compressed into its own frame that declares its content size, the frames
 //!   one after the other. A reader can use the start of a large state while the rest is still
-//!   being decompressed ([`decompress_progressively`]); for random data the frames cost about
+//!   being decompressed ([`FrameDecoder`]); for random data the frames cost about
 //!   0.1% of the output, for repetitive data a few bytes each.
 //!
 //! # Level
@@ -45,7 +45,7 @@
 //! declared size, failing if the data would overflow it.
 
 use std::fmt;
-use std::ops::{ControlFlow, Range};
+use std::ops::Range;
 
 use zstd::zstd_safe;
 
@@ -160,40 +160,14 @@ fn compress_with_level(state: &[u8], level: i32) -> Vec<u8> {
 /// [`DecompressError::UnknownFormat`] for an unknown tag byte, [`DecompressError::Corrupt`]
 /// for anything else that is not the output of [`compress`].
 pub fn decompress(bytes: &[u8], max_output: usize) -> Result<Vec<u8>, DecompressError> {
-    decompress_progressively(bytes, max_output, |_, _| ControlFlow::Continue(()))
-}
-
-/// Like [`decompress`], calling `progress` with all the state decoded so far and the length
-/// of the whole state each time more of it is decoded (after each frame of a [`ZSTD_FRAMES`]
-/// state; once, with the whole state, for the other formats). When `progress` breaks, decompression stops and the state decoded
-/// so far is returned.
-///
-/// The whole input is checked before anything is decoded: every frame's declared size, and
-/// their sum against `max_output`.
-///
-/// # Errors
-///
-/// As for [`decompress`]; an error found in a later frame comes after `progress` has seen
-/// the earlier ones.
-pub fn decompress_progressively(
-    bytes: &[u8],
-    max_output: usize,
-    mut progress: impl FnMut(&[u8], usize) -> ControlFlow<()>,
-) -> Result<Vec<u8>, DecompressError> {
     let mut decoder = FrameDecoder::new(bytes, max_output)?;
-    let total = decoder.total();
-    while let Some(so_far) = decoder.next_frame(bytes)? {
-        if progress(so_far, total).is_break() {
-            break;
-        }
-    }
+    while decoder.next_frame(bytes)?.is_some() {}
     Ok(decoder.into_output())
 }
 
 /// Undoes [`compress`] one frame at a time, for a reader that uses the start of a state while
-/// the rest is still compressed ([`decompress_progressively`] with the loop in the caller's
-/// hands). Every frame's declared size, and their sum against the limit, are checked before
-/// anything is decoded.
+/// the rest is still compressed (a state that is not in frames is one frame). Every frame's
+/// declared size, and their sum against the limit, are checked before anything is decoded.
 pub struct FrameDecoder {
     /// Where each frame lies in the input, with its declared size; one "frame" of the whole
     /// payload for a stored state.
@@ -215,11 +189,12 @@ impl FrameDecoder {
     ///
     /// As for [`decompress`], for everything that can be told before decoding.
     pub fn new(bytes: &[u8], max_output: usize) -> Result<Self, DecompressError> {
-        let (&tag, payload) = bytes.split_first().ok_or(DecompressError::Corrupt)?;
+        let &tag = bytes.first().ok_or(DecompressError::Corrupt)?;
+        let payload = 1..bytes.len();
         let frames = match tag {
-            STORED => vec![(payload, payload.len() as u64)],
-            ZSTD => vec![declared_frame(payload)?],
-            ZSTD_FRAMES => split_frames(payload)?,
+            STORED => vec![(payload.clone(), payload.len() as u64)],
+            ZSTD => vec![declared_frame(bytes, payload)?],
+            ZSTD_FRAMES => split_frames(bytes)?,
             _ => return Err(DecompressError::UnknownFormat),
         };
         let total =
@@ -229,8 +204,8 @@ impl FrameDecoder {
         }
         let stored = tag == STORED;
         // A frame that declares more than its bytes can decode to is a lie.
-        let lies = |&(frame, size): &(&[u8], u64)| {
-            size > u64::try_from(frame.len()).unwrap_or(u64::MAX).saturating_mul(MAX_EXPANSION)
+        let lies = |(frame, size): &(Range<usize>, u64)| {
+            *size > u64::try_from(frame.len()).unwrap_or(u64::MAX).saturating_mul(MAX_EXPANSION)
         };
         if !stored && frames.iter().any(lies) {
             return Err(DecompressError::Corrupt);
@@ -238,14 +213,6 @@ impl FrameDecoder {
         let total = usize::try_from(total).map_err(|_| DecompressError::TooLarge)?;
         let mut out = std::io::Cursor::new(Vec::new());
         out.get_mut().try_reserve_exact(total).map_err(|_| DecompressError::TooLarge)?;
-        let base = bytes.as_ptr() as usize;
-        let frames = frames
-            .into_iter()
-            .map(|(frame, size)| {
-                let start = frame.as_ptr() as usize - base;
-                (start..start + frame.len(), size)
-            })
-            .collect();
         Ok(FrameDecoder { frames, decoded: 0, stored, total, out, context: None })
     }
 
@@ -297,22 +264,25 @@ impl fmt::Debug for FrameDecoder {
     }
 }
 
-/// `frame` (one whole zstd frame) with the content size it declares.
-fn declared_frame(frame: &[u8]) -> Result<(&[u8], u64), DecompressError> {
-    match zstd_safe::get_frame_content_size(frame) {
+/// The zstd frame at `frame` in `bytes`, with the content size it declares.
+fn declared_frame(bytes: &[u8], frame: Range<usize>) -> Result<(Range<usize>, u64), DecompressError> {
+    match zstd_safe::get_frame_content_size(&bytes[frame.clone()]) {
         Ok(Some(size)) => Ok((frame, size)),
         Ok(None) | Err(_) => Err(DecompressError::Corrupt),
     }
 }
 
-/// The consecutive frames of a [`ZSTD_FRAMES`] payload (at least two), with their sizes.
-fn split_frames(mut payload: &[u8]) -> Result<Vec<(&[u8], u64)>, DecompressError> {
+/// The consecutive frames (at least two) after the tag byte of a [`ZSTD_FRAMES`] state, with
+/// their sizes.
+fn split_frames(bytes: &[u8]) -> Result<Vec<(Range<usize>, u64)>, DecompressError> {
     let mut frames = Vec::new();
-    while !payload.is_empty() {
-        let len = zstd_safe::find_frame_compressed_size(payload).map_err(|_| DecompressError::Corrupt)?;
-        let (frame, rest) = payload.split_at_checked(len).ok_or(DecompressError::Corrupt)?;
-        frames.push(declared_frame(frame)?);
-        payload = rest;
+    let mut start = 1;
+    while start < bytes.len() {
+        let len = zstd_safe::find_frame_compressed_size(&bytes[start..]).map_err(|_| DecompressError::Corrupt)?;
+        let end =
+            start.checked_add(len).filter(|&end| end > start && end <= bytes.len()).ok_or(DecompressError::Corrupt)?;
+        frames.push(declared_frame(bytes, start..end)?);
+        start = end;
     }
     if frames.len() < 2 {
         return Err(DecompressError::Corrupt);

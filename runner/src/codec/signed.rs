@@ -166,42 +166,36 @@ impl SignedCodec {
         audience: &str,
         now: SystemTime,
     ) -> Result<(Range<usize>, DeferredCheck), TokenError> {
-        let (signed, state_part) = self.split(token)?;
-        let check = DeferredCheck {
-            codec: self.clone(),
-            token: Arc::clone(token),
-            signed,
-            state_part: state_part.clone(),
-            audience: audience.to_owned(),
-            now,
-        };
+        let signed = self.split(token)?;
+        let state_part = signed.state_part.clone();
+        let check =
+            DeferredCheck { codec: self.clone(), token: Arc::clone(token), signed, audience: audience.to_owned(), now };
         Ok((state_part, check))
     }
 
     /// Size, shape, MAC, then header; everything except audience and times.
     fn authenticate(&self, token: &str) -> Result<(TokenHeader, Vec<u8>), TokenRejection> {
-        let (signed, state_part) = self.split(token)?;
-        let state = decode_part(&token[state_part])?;
+        let signed = self.split(token)?;
+        let state = decode_part(&token[signed.state_part.clone()])?;
         let header = self.verify(token, &signed)?;
         Ok((header, state))
     }
 
     /// Size and shape: the header and MAC parts decoded, and where the state part lies in the
     /// token; nothing authenticated yet.
-    fn split(&self, token: &str) -> Result<(Signed, Range<usize>), TokenRejection> {
+    fn split(&self, token: &str) -> Result<Signed, TokenRejection> {
         self.policy.check_size(token)?;
         let [header_part, state_part, mac_part] = split_parts(token)?;
         let header = decode_part(header_part)?;
         let tag = decode_part(mac_part)?.try_into().map_err(|_| TokenRejection::Malformed)?;
         let state_start = header_part.len() + 1;
-        let len = state_start + state_part.len();
-        Ok((Signed { header, tag, len }, state_start..len))
+        Ok(Signed { header, tag, state_part: state_start..state_start + state_part.len() })
     }
 
     /// The MAC of `token` (split into `signed`), then its header.
     fn verify(&self, token: &str, signed: &Signed) -> Result<TokenHeader, TokenRejection> {
         // `header_part.state_part` is a prefix of the token: MAC it in place.
-        let covered = token.as_bytes().get(..signed.len).ok_or(TokenRejection::Malformed)?;
+        let covered = token.as_bytes().get(..signed.state_part.end).ok_or(TokenRejection::Malformed)?;
         if !self.signature_matches(covered, &signed.tag) {
             return Err(TokenRejection::BadSignature);
         }
@@ -223,7 +217,6 @@ pub(crate) struct DeferredCheck {
     codec: SignedCodec,
     token: Arc<str>,
     signed: Signed,
-    state_part: Range<usize>,
     audience: String,
     now: SystemTime,
 }
@@ -239,7 +232,7 @@ impl DeferredCheck {
             Ok(header) => header,
             // `decode` reports a malformed state part before a bad MAC.
             Err(rejection) => {
-                return Err(decode_state_part(&self.token, self.state_part).err().unwrap_or(rejection.into()));
+                return Err(decode_state_part(&self.token, self.signed.state_part).err().unwrap_or(rejection.into()));
             }
         };
         self.codec.policy.accept(&header, Some(&self.audience), self.now)?;
@@ -264,8 +257,9 @@ struct Signed {
     header: Vec<u8>,
     /// The decoded MAC.
     tag: [u8; MAC_BYTES],
-    /// Length of `header_part.state_part`, the prefix of the token that the MAC covers.
-    len: usize,
+    /// Where the state part lies in the token; the MAC covers the token up to its end
+    /// (`header_part.state_part`).
+    state_part: Range<usize>,
 }
 
 /// An HMAC-SHA256 state keyed with `secret`.

@@ -66,35 +66,32 @@ fn round_trips() {
 /// A framed state is seen piece by piece as it decompresses, and progress can stop it early.
 #[test]
 fn framed_states_decompress_progressively() {
+    /// The length of what is decoded after each frame, checking it against `state`.
+    fn frame_by_frame(packed: &[u8], state: &[u8]) -> Vec<usize> {
+        let mut decoder = FrameDecoder::new(packed, state.len()).unwrap();
+        assert_eq!(decoder.total(), state.len());
+        let mut seen = Vec::new();
+        while let Some(so_far) = decoder.next_frame(packed).unwrap() {
+            assert_eq!(so_far, &state[..so_far.len()]);
+            seen.push(so_far.len());
+        }
+        assert_eq!(decoder.into_output(), state);
+        seen
+    }
     let state = hex_state(4);
     let packed = compress(&state);
     assert_eq!(packed[0], ZSTD_FRAMES);
-    let mut seen = Vec::new();
-    let out = decompress_progressively(&packed, state.len(), |so_far, total| {
-        assert_eq!(so_far, &state[..so_far.len()]);
-        assert_eq!(total, state.len());
-        seen.push(so_far.len());
-        ControlFlow::Continue(())
-    });
-    assert_eq!(out.unwrap(), state);
     let expected: Vec<usize> = (1..=state.len().div_ceil(FRAME_INPUT_BYTES))
         .map(|frames| (frames * FRAME_INPUT_BYTES).min(state.len()))
         .collect();
-    assert_eq!(seen, expected);
-    let first = decompress_progressively(&packed, state.len(), |_, _| ControlFlow::Break(())).unwrap();
-    assert_eq!(first, &state[..FRAME_INPUT_BYTES]);
+    assert_eq!(frame_by_frame(&packed, &state), expected);
+    let mut first = FrameDecoder::new(&packed, state.len()).unwrap();
+    first.next_frame(&packed).unwrap();
+    assert_eq!(first.into_output(), &state[..FRAME_INPUT_BYTES]);
     // Other formats are seen once, whole.
     let small = compress(&state[..1000]);
     assert_eq!(small[0], ZSTD);
-    let mut calls = 0;
-    decompress_progressively(&small, 1000, |so_far, total| {
-        calls += 1;
-        assert_eq!(total, 1000);
-        assert_eq!(so_far, &state[..1000]);
-        ControlFlow::Continue(())
-    })
-    .unwrap();
-    assert_eq!(calls, 1);
+    assert_eq!(frame_by_frame(&small, &state[..1000]), [1000]);
 }
 
 #[test]
