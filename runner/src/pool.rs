@@ -29,23 +29,30 @@ pub(crate) struct Pool {
     queue: Sender<Task>,
     /// Callers polling for their answer right now (see [`answer_soon`]).
     pollers: Arc<AtomicUsize>,
+    /// Workers running a task right now.
+    busy: Arc<AtomicUsize>,
+    /// The cores this process may use.
+    cores: usize,
 }
 
 impl Pool {
     pub(crate) fn new(workers: usize, queue_capacity: usize, stats: Arc<StatsCounters>) -> Result<Pool, String> {
         let (queue, jobs) = bounded::<Task>(queue_capacity);
         let spinners = Arc::new(AtomicUsize::new(0));
+        let busy = Arc::new(AtomicUsize::new(0));
         for index in 0..workers {
             let jobs = jobs.clone();
             let spinners = Arc::clone(&spinners);
+            let busy = Arc::clone(&busy);
             let stats = Arc::clone(&stats);
             thread::Builder::new()
                 .name(format!("resumable-worker-{index}"))
                 .stack_size(4 * MAX_STACK_BYTES + 1024 * 1024)
-                .spawn(move || work(jobs, &spinners, &stats))
+                .spawn(move || work(jobs, &spinners, &busy, &stats))
                 .map_err(|e| format!("cannot start worker thread: {e}"))?;
         }
-        Ok(Pool { queue, pollers: Arc::new(AtomicUsize::new(0)) })
+        let cores = thread::available_parallelism().map_or(1, usize::from);
+        Ok(Pool { queue, pollers: Arc::new(AtomicUsize::new(0)), busy, cores })
     }
 
     /// Queues a job; a full queue is `RUN_CONCURRENCY_LIMIT`.
@@ -65,7 +72,7 @@ impl Pool {
 /// for many concurrent runs costs nothing for workers it never needs), and rebuilt at once
 /// after a run broke it. An engine that cannot start fails each task with the reason, and
 /// the next task tries again.
-fn work(jobs: Receiver<Task>, spinners: &AtomicUsize, stats: &StatsCounters) {
+fn work(jobs: Receiver<Task>, spinners: &AtomicUsize, busy: &AtomicUsize, stats: &StatsCounters) {
     let mut engine: Option<Result<Engine, RunError>> = None;
     let mut used = false;
     loop {
@@ -73,6 +80,7 @@ fn work(jobs: Receiver<Task>, spinners: &AtomicUsize, stats: &StatsCounters) {
             engine = Some(Engine::new());
         }
         let Some(Task { mut job, reply }) = next_task(&jobs, spinners) else { return };
+        busy.fetch_add(1, Ordering::Relaxed);
         if !matches!(engine, Some(Ok(_))) {
             engine = Some(Engine::new());
         }
@@ -90,6 +98,7 @@ fn work(jobs: Receiver<Task>, spinners: &AtomicUsize, stats: &StatsCounters) {
         };
         stats.record(job.lookup);
         let _ = reply.send(result);
+        busy.fetch_sub(1, Ordering::Relaxed);
         // The realm goes back to its image after the caller has its answer.
         match &mut engine {
             Some(Ok(current)) if current.poisoned => engine = None,
@@ -118,14 +127,25 @@ fn next_task(jobs: &Receiver<Task>, spinners: &AtomicUsize) -> Option<Task> {
 /// polls, before it waits to be woken.
 const POLL_FOR_ANSWER: Duration = Duration::from_micros(100);
 
+/// How long a caller polls for its answer while a core is left over by the busy workers: a
+/// resume that replays a long ledger runs for about a millisecond after its caller is done
+/// decoding, and waking the caller then costs some 70 µs on a virtual machine.
+const POLL_WITH_SPARE_CORE: Duration = Duration::from_millis(2);
+
 /// Waits for a worker's answer, polling for a moment first: most runs finish
 /// in less time than it takes to wake a sleeping executor thread.
 /// One caller of the pool polls at a time; the others wait to be woken at once.
+/// The poller only goes on polling past [`POLL_FOR_ANSWER`] while the workers leave a core
+/// free, so that it never takes a core from a run.
 /// `None` when the worker dropped the task without answering.
 pub(crate) async fn answer_soon<T>(pool: &Pool, answer: &mut tokio::sync::oneshot::Receiver<T>) -> Option<T> {
     let started = Instant::now();
     let polling = Turn::take(&pool.pollers);
-    while polling.is_some() && started.elapsed() < POLL_FOR_ANSWER {
+    let keep_polling = || {
+        let elapsed = started.elapsed();
+        elapsed < POLL_FOR_ANSWER || (elapsed < POLL_WITH_SPARE_CORE && pool.busy.load(Ordering::Relaxed) < pool.cores)
+    };
+    while polling.is_some() && keep_polling() {
         match answer.try_recv() {
             Ok(value) => return Some(value),
             Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {

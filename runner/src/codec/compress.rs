@@ -8,34 +8,33 @@
 //! * [`STORED`] (`0`): the state itself. Used for states shorter than
 //!   [`MIN_COMPRESS_BYTES`] and whenever compression would not make the state smaller
 //!   (already compressed or random data).
-//! * [`ZSTD`] (`1`): one Zstandard frame (RFC 8878) that declares its content size. Used for
-//!   states of at most [`FRAME_INPUT_BYTES`].
-//! * [`ZSTD_FRAMES`] (`2`): the state cut into pieces of [`FRAME_INPUT_BYTES`] (the last one
-//!   shorter), each compressed into its own frame that declares its content size, the frames
-//!   one after the other. A reader can use the start of a large state while the rest is still
-//!   being decompressed ([`FrameDecoder`]); for random data the frames cost about
-//!   0.1% of the output, for repetitive data a few bytes each.
+//! * [`PACKED_FRAMES`] (`3`): what [`compress`] writes. The state's length (unsigned
+//!   LEB128), then the state cut into pieces of [`FRAME_INPUT_BYTES`] (the last one shorter),
+//!   each hex-packed (see `hex_runs`: runs of hex digits stored two to a byte) and compressed
+//!   into its own zstd frame that declares its content size, the frames one after the other.
+//!   A reader can use the start of a large state while the rest is still being decompressed
+//!   ([`FrameDecoder`]).
+//! * [`ZSTD`] (`1`) and [`ZSTD_FRAMES`] (`2`): one zstd frame, or one per piece, without
+//!   hex-packing; written by earlier versions and still read.
 //!
-//! # Level
+//! # Level and packing
 //!
 //! zstd level 1. Measured in release mode on this project's 2-core machine, for a state made
 //! of 200 distinct random 4 KiB lowercase hex strings with small JSON separators
 //! (821,490 bytes; best of 30 runs; output sizes include the tag byte; re-run with the
 //! ignored test `level_timings`):
 //!
-//! | level | output bytes        | base64url chars | compress | decompress |
-//! |------:|--------------------:|----------------:|---------:|-----------:|
-//! |    -1 | 821,491 (stored)    |       1,095,322 | 0.20 ms  | 0.03 ms    |
-//! |     1 | 417,983             |         557,311 | 0.87 ms  | 0.46 ms    |
-//! |     2 | 418,021             |         557,362 | 0.92 ms  | 0.47 ms    |
-//! |     3 | 426,552             |         568,736 | 5.4 ms   | 0.92 ms    |
-//! |     5 | 434,170             |         578,894 | 10.9 ms  | 1.06 ms    |
+//! | format                  | output bytes | base64url chars | compress | decompress |
+//! |-------------------------|-------------:|----------------:|---------:|-----------:|
+//! | zstd level 1, no packing|      417,983 |         557,311 | 0.87 ms  | 0.46 ms    |
+//! | packed, zstd level 1    |      412,884 |         550,512 | 0.86 ms  | 0.04 ms    |
+//! | packed, zstd level 3    |      412,884 |         550,512 | 0.99 ms  | 0.06 ms    |
 //!
-//! Negative levels turn off the entropy coding of literals, so random hex (4 bits of
-//! information per byte) does not shrink at all and the token would be 1.1 MB; from level 1
-//! on, literals are Huffman-coded down to about 4 bits each. Level 1 is the fastest level
-//! that keeps such a signed token under 600 KB, and higher levels only spend more time
-//! hunting for matches that random data does not have.
+//! Without packing, random hex (4 bits of information per byte) only shrinks through zstd's
+//! Huffman coding of literals, the slowest stage of its decoder: at negative levels, which
+//! skip it, the token would be 1.1 MB. Packed, the hex takes its 4 bits per digit before
+//! zstd sees it, and a resume decodes it ten times faster. Higher levels only spend more
+//! time hunting for matches that random data does not have.
 //!
 //! # Decompression limits
 //!
@@ -51,6 +50,8 @@ use zstd::zstd_safe;
 
 use super::error::{TokenError, TokenRejection};
 
+mod hex_runs;
+
 /// Tag of a state stored as is.
 pub const STORED: u8 = 0;
 
@@ -59,6 +60,10 @@ pub const ZSTD: u8 = 1;
 
 /// Tag of a state compressed into consecutive zstd frames, one per [`FRAME_INPUT_BYTES`].
 pub const ZSTD_FRAMES: u8 = 2;
+
+/// Tag of a state whose pieces of [`FRAME_INPUT_BYTES`] are hex-packed, then compressed into
+/// one zstd frame each; what [`compress`] writes.
+pub const PACKED_FRAMES: u8 = 3;
 
 /// How many bytes of state each frame of a [`ZSTD_FRAMES`] state holds (the last may hold
 /// fewer); about 40 µs of decompression.
@@ -118,8 +123,9 @@ impl From<DecompressError> for TokenError {
     }
 }
 
-/// Compresses `state`: a tag byte, then the state either zstd-compressed or stored as is,
-/// whichever is smaller (stored without trying below [`MIN_COMPRESS_BYTES`]).
+/// Compresses `state`: a tag byte, then the state either hex-packed and zstd-compressed in
+/// frames or stored as is, whichever is smaller (stored without trying below
+/// [`MIN_COMPRESS_BYTES`]).
 #[must_use]
 pub fn compress(state: &[u8]) -> Vec<u8> {
     compress_with_level(state, ZSTD_LEVEL)
@@ -128,16 +134,19 @@ pub fn compress(state: &[u8]) -> Vec<u8> {
 /// [`compress`] at zstd level `level`.
 fn compress_with_level(state: &[u8], level: i32) -> Vec<u8> {
     if state.len() >= MIN_COMPRESS_BYTES {
-        let pieces = state.chunks(FRAME_INPUT_BYTES);
-        let bound = pieces.len().saturating_mul(zstd_safe::compress_bound(FRAME_INPUT_BYTES.min(state.len())));
-        let mut out = std::io::Cursor::new(Vec::with_capacity(1 + bound));
-        out.get_mut().push(if pieces.len() > 1 { ZSTD_FRAMES } else { ZSTD });
+        let mut out = std::io::Cursor::new(Vec::with_capacity(16 + state.len() / 2));
+        out.get_mut().push(PACKED_FRAMES);
+        hex_runs::push_uint(state.len() as u64, out.get_mut());
         let mut context = zstd_safe::CCtx::create();
+        let mut packed = Vec::with_capacity(FRAME_INPUT_BYTES.min(state.len()) * 2);
         // Fails only if the output buffer is too small, which `compress_bound` rules out;
         // storing is the safe fallback anyway.
-        let compressed = pieces.into_iter().all(|piece| {
+        let compressed = state.chunks(FRAME_INPUT_BYTES).all(|piece| {
+            packed.clear();
+            hex_runs::pack(piece, &mut packed);
+            out.get_mut().reserve(zstd_safe::compress_bound(packed.len()));
             out.set_position(out.get_ref().len() as u64);
-            context.compress(&mut out, piece, level).is_ok()
+            context.compress(&mut out, &packed, level).is_ok()
         });
         if compressed && out.get_ref().len() <= state.len() {
             return out.into_inner();
@@ -152,7 +161,7 @@ fn compress_with_level(state: &[u8], level: i32) -> Vec<u8> {
 /// Undoes [`compress`], refusing to produce more than `max_output` bytes.
 ///
 /// Never panics, whatever `bytes` holds, and never allocates more than `max_output` bytes
-/// (plus the decoder's fixed-size context).
+/// (plus the decoder's fixed-size context and one packed frame).
 ///
 /// # Errors
 ///
@@ -165,19 +174,30 @@ pub fn decompress(bytes: &[u8], max_output: usize) -> Result<Vec<u8>, Decompress
     Ok(decoder.into_output())
 }
 
+/// One frame of a compressed state.
+#[derive(Debug, Clone)]
+struct Frame {
+    /// Where it lies in the input.
+    range: Range<usize>,
+    /// The content size it declares (its whole length for a stored state).
+    declared: u64,
+    /// How many bytes of state it holds: `declared`, unless its content is hex-packed.
+    length: u64,
+}
+
 /// Undoes [`compress`] one frame at a time, for a reader that uses the start of a state while
 /// the rest is still compressed (a state that is not in frames is one frame). Every frame's
 /// declared size, and their sum against the limit, are checked before anything is decoded.
 pub struct FrameDecoder {
-    /// Where each frame lies in the input, with its declared size; one "frame" of the whole
-    /// payload for a stored state.
-    frames: Vec<(Range<usize>, u64)>,
+    frames: Vec<Frame>,
     /// Frames decoded so far.
     decoded: usize,
-    stored: bool,
+    tag: u8,
     total: usize,
     out: std::io::Cursor<Vec<u8>>,
     context: Option<zstd_safe::DCtx<'static>>,
+    /// The decompressed content of the current frame of a [`PACKED_FRAMES`] state.
+    packed: std::io::Cursor<Vec<u8>>,
 }
 
 impl FrameDecoder {
@@ -190,30 +210,34 @@ impl FrameDecoder {
     /// As for [`decompress`], for everything that can be told before decoding.
     pub fn new(bytes: &[u8], max_output: usize) -> Result<Self, DecompressError> {
         let &tag = bytes.first().ok_or(DecompressError::Corrupt)?;
-        let payload = 1..bytes.len();
         let frames = match tag {
-            STORED => vec![(payload.clone(), payload.len() as u64)],
-            ZSTD => vec![declared_frame(bytes, payload)?],
-            ZSTD_FRAMES => split_frames(bytes)?,
+            STORED => {
+                vec![Frame { range: 1..bytes.len(), declared: bytes.len() as u64 - 1, length: bytes.len() as u64 - 1 }]
+            }
+            ZSTD => vec![declared_frame(bytes, 1..bytes.len())?],
+            ZSTD_FRAMES => split_frames(bytes, 1).filter(|frames| frames.len() >= 2).ok_or(DecompressError::Corrupt)?,
+            PACKED_FRAMES => packed_frames(bytes, max_output)?,
             _ => return Err(DecompressError::UnknownFormat),
         };
-        let total =
-            frames.iter().try_fold(0u64, |sum, &(_, size)| sum.checked_add(size)).ok_or(DecompressError::TooLarge)?;
+        let total = frames
+            .iter()
+            .try_fold(0u64, |sum, frame| sum.checked_add(frame.length))
+            .ok_or(DecompressError::TooLarge)?;
         if total > u64::try_from(max_output).unwrap_or(u64::MAX) {
             return Err(DecompressError::TooLarge);
         }
-        let stored = tag == STORED;
         // A frame that declares more than its bytes can decode to is a lie.
-        let lies = |(frame, size): &(Range<usize>, u64)| {
-            *size > u64::try_from(frame.len()).unwrap_or(u64::MAX).saturating_mul(MAX_EXPANSION)
+        let lies = |frame: &Frame| {
+            frame.declared > u64::try_from(frame.range.len()).unwrap_or(u64::MAX).saturating_mul(MAX_EXPANSION)
         };
-        if !stored && frames.iter().any(lies) {
+        if tag != STORED && frames.iter().any(lies) {
             return Err(DecompressError::Corrupt);
         }
         let total = usize::try_from(total).map_err(|_| DecompressError::TooLarge)?;
         let mut out = std::io::Cursor::new(Vec::new());
         out.get_mut().try_reserve_exact(total).map_err(|_| DecompressError::TooLarge)?;
-        Ok(FrameDecoder { frames, decoded: 0, stored, total, out, context: None })
+        let packed = std::io::Cursor::new(Vec::new());
+        Ok(FrameDecoder { frames, decoded: 0, tag, total, out, context: None, packed })
     }
 
     /// The length of the whole state.
@@ -229,22 +253,24 @@ impl FrameDecoder {
     ///
     /// [`DecompressError::Corrupt`] if the frame does not decode to the size it declared.
     pub fn next_frame(&mut self, bytes: &[u8]) -> Result<Option<&[u8]>, DecompressError> {
-        let Some((range, size)) = self.frames.get(self.decoded).cloned() else { return Ok(None) };
+        let Some(Frame { range, declared, length }) = self.frames.get(self.decoded).cloned() else { return Ok(None) };
         let frame = bytes.get(range).ok_or(DecompressError::Corrupt)?;
         self.decoded += 1;
-        if self.stored {
+        if self.tag == STORED {
             self.out.get_mut().extend_from_slice(frame);
             return Ok(Some(self.out.get_ref()));
         }
-        let start = self.out.get_ref().len();
-        self.out.set_position(start as u64);
         let context = self.context.get_or_insert_with(zstd_safe::DCtx::create);
-        // Single-pass decoding straight into `out`: no window buffer, and an error (not a
-        // reallocation) if the frame decodes to more than it declared.
-        match context.decompress(&mut self.out, frame) {
-            Ok(len) if len as u64 == size && self.out.get_ref().len() == start + len => Ok(Some(self.out.get_ref())),
-            Ok(_) | Err(_) => Err(DecompressError::Corrupt),
+        if self.tag != PACKED_FRAMES {
+            decompress_frame(context, frame, declared, &mut self.out)?;
+            return Ok(Some(self.out.get_ref()));
         }
+        self.packed.get_mut().clear();
+        // Declared sizes are bounded by the frame's length (see `packed_frames`).
+        self.packed.get_mut().reserve(declared as usize);
+        decompress_frame(context, frame, declared, &mut self.packed)?;
+        hex_runs::unpack(self.packed.get_ref(), length as usize, self.out.get_mut())?;
+        Ok(Some(self.out.get_ref()))
     }
 
     /// The state decoded so far.
@@ -264,30 +290,65 @@ impl fmt::Debug for FrameDecoder {
     }
 }
 
+/// Decompresses one zstd `frame` that declared `declared` bytes, appending them to `out`.
+fn decompress_frame(
+    context: &mut zstd_safe::DCtx<'static>,
+    frame: &[u8],
+    declared: u64,
+    out: &mut std::io::Cursor<Vec<u8>>,
+) -> Result<(), DecompressError> {
+    let start = out.get_ref().len();
+    out.set_position(start as u64);
+    // Single-pass decoding straight into `out`: no window buffer, and an error (not a
+    // reallocation) if the frame decodes to more than it declared.
+    match context.decompress(out, frame) {
+        Ok(len) if len as u64 == declared && out.get_ref().len() == start + len => Ok(()),
+        Ok(_) | Err(_) => Err(DecompressError::Corrupt),
+    }
+}
+
+/// The frames of a [`PACKED_FRAMES`] state: its length, then one frame per
+/// [`FRAME_INPUT_BYTES`] of it, each declaring no more than packing can make of its piece
+/// (twice its length).
+fn packed_frames(bytes: &[u8], max_output: usize) -> Result<Vec<Frame>, DecompressError> {
+    let mut rest = &bytes[1..];
+    let total = hex_runs::read_uint(&mut rest).ok_or(DecompressError::Corrupt)?;
+    if total > u64::try_from(max_output).unwrap_or(u64::MAX) {
+        return Err(DecompressError::TooLarge);
+    }
+    let mut frames = split_frames(bytes, bytes.len() - rest.len()).ok_or(DecompressError::Corrupt)?;
+    let piece = FRAME_INPUT_BYTES as u64;
+    if total == 0 || frames.len() as u64 != total.div_ceil(piece) {
+        return Err(DecompressError::Corrupt);
+    }
+    for (i, frame) in frames.iter_mut().enumerate() {
+        frame.length = piece.min(total - i as u64 * piece);
+        if frame.declared > 2 * frame.length {
+            return Err(DecompressError::Corrupt);
+        }
+    }
+    Ok(frames)
+}
+
 /// The zstd frame at `frame` in `bytes`, with the content size it declares.
-fn declared_frame(bytes: &[u8], frame: Range<usize>) -> Result<(Range<usize>, u64), DecompressError> {
+fn declared_frame(bytes: &[u8], frame: Range<usize>) -> Result<Frame, DecompressError> {
     match zstd_safe::get_frame_content_size(&bytes[frame.clone()]) {
-        Ok(Some(size)) => Ok((frame, size)),
+        Ok(Some(size)) => Ok(Frame { range: frame, declared: size, length: size }),
         Ok(None) | Err(_) => Err(DecompressError::Corrupt),
     }
 }
 
-/// The consecutive frames (at least two) after the tag byte of a [`ZSTD_FRAMES`] state, with
-/// their sizes.
-fn split_frames(bytes: &[u8]) -> Result<Vec<(Range<usize>, u64)>, DecompressError> {
+/// The consecutive frames of `bytes` from `start` on, with their sizes; `None` if they are not
+/// all well-formed frames that declare their size.
+fn split_frames(bytes: &[u8], mut start: usize) -> Option<Vec<Frame>> {
     let mut frames = Vec::new();
-    let mut start = 1;
     while start < bytes.len() {
-        let len = zstd_safe::find_frame_compressed_size(&bytes[start..]).map_err(|_| DecompressError::Corrupt)?;
-        let end =
-            start.checked_add(len).filter(|&end| end > start && end <= bytes.len()).ok_or(DecompressError::Corrupt)?;
-        frames.push(declared_frame(bytes, start..end)?);
+        let len = zstd_safe::find_frame_compressed_size(&bytes[start..]).ok()?;
+        let end = start.checked_add(len).filter(|&end| end > start && end <= bytes.len())?;
+        frames.push(declared_frame(bytes, start..end).ok()?);
         start = end;
     }
-    if frames.len() < 2 {
-        return Err(DecompressError::Corrupt);
-    }
-    Ok(frames)
+    Some(frames)
 }
 
 #[cfg(test)]

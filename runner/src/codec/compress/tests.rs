@@ -35,6 +35,27 @@ fn tagged(tag: u8, payload: &[u8]) -> Vec<u8> {
     out
 }
 
+/// `state` as earlier versions compressed it: one zstd frame ([`ZSTD`]) for one piece, else
+/// a frame per piece ([`ZSTD_FRAMES`]).
+fn legacy(state: &[u8]) -> Vec<u8> {
+    let pieces = state.chunks(FRAME_INPUT_BYTES);
+    let mut out = vec![if pieces.len() > 1 { ZSTD_FRAMES } else { ZSTD }];
+    for piece in pieces {
+        out.extend_from_slice(&zstd::bulk::compress(piece, ZSTD_LEVEL).unwrap());
+    }
+    out
+}
+
+/// A [`PACKED_FRAMES`] state that claims `total` bytes, with `frames` after the claim.
+fn packed_state(total: u64, frames: &[&[u8]]) -> Vec<u8> {
+    let mut out = vec![PACKED_FRAMES];
+    hex_runs::push_uint(total, &mut out);
+    for frame in frames {
+        out.extend_from_slice(frame);
+    }
+    out
+}
+
 #[test]
 fn round_trips() {
     let mut rng = SplitMix64(0xC0FFEE);
@@ -46,19 +67,22 @@ fn round_trips() {
         ("one byte", vec![7], STORED),
         ("small", b"{\"pending\":[1,2,3]}".to_vec(), STORED),
         ("just below the threshold", vec![b'a'; MIN_COMPRESS_BYTES - 1], STORED),
-        ("threshold", vec![b'a'; MIN_COMPRESS_BYTES], ZSTD),
+        ("threshold", vec![b'a'; MIN_COMPRESS_BYTES], PACKED_FRAMES),
         ("1 MiB random", random, STORED),
-        ("800 KiB hex", hex, ZSTD_FRAMES),
-        ("text", text, ZSTD),
+        ("800 KiB hex", hex, PACKED_FRAMES),
+        ("text", text, PACKED_FRAMES),
     ];
     for (name, state, tag) in cases {
         let packed = compress(&state);
         assert_eq!(packed[0], tag, "{name}");
         assert!(packed.len() <= state.len() + 1, "{name}: never more than one byte of overhead");
-        assert_eq!(decompress(&packed, state.len()).unwrap(), state, "{name}");
-        assert_eq!(decompress(&packed, usize::MAX).unwrap(), state, "{name}");
-        if !state.is_empty() {
-            assert_eq!(decompress(&packed, state.len() - 1), Err(DecompressError::TooLarge), "{name}");
+        let earlier = (state.len() >= MIN_COMPRESS_BYTES).then(|| legacy(&state));
+        for packed in std::iter::once(packed).chain(earlier) {
+            assert_eq!(decompress(&packed, state.len()).unwrap(), state, "{name}");
+            assert_eq!(decompress(&packed, usize::MAX).unwrap(), state, "{name}");
+            if !state.is_empty() {
+                assert_eq!(decompress(&packed, state.len() - 1), Err(DecompressError::TooLarge), "{name}");
+            }
         }
     }
 }
@@ -79,19 +103,20 @@ fn framed_states_decompress_progressively() {
         seen
     }
     let state = hex_state(4);
-    let packed = compress(&state);
-    assert_eq!(packed[0], ZSTD_FRAMES);
     let expected: Vec<usize> = (1..=state.len().div_ceil(FRAME_INPUT_BYTES))
         .map(|frames| (frames * FRAME_INPUT_BYTES).min(state.len()))
         .collect();
-    assert_eq!(frame_by_frame(&packed, &state), expected);
-    let mut first = FrameDecoder::new(&packed, state.len()).unwrap();
-    first.next_frame(&packed).unwrap();
-    assert_eq!(first.into_output(), &state[..FRAME_INPUT_BYTES]);
-    // Other formats are seen once, whole.
+    for packed in [compress(&state), legacy(&state)] {
+        assert_eq!(frame_by_frame(&packed, &state), expected);
+        let mut first = FrameDecoder::new(&packed, state.len()).unwrap();
+        first.next_frame(&packed).unwrap();
+        assert_eq!(first.into_output(), &state[..FRAME_INPUT_BYTES]);
+    }
+    // A small state is one frame.
     let small = compress(&state[..1000]);
-    assert_eq!(small[0], ZSTD);
+    assert_eq!(small[0], PACKED_FRAMES);
     assert_eq!(frame_by_frame(&small, &state[..1000]), [1000]);
+    assert_eq!(frame_by_frame(&legacy(&state[..1000]), &state[..1000]), [1000]);
 }
 
 #[test]
@@ -99,16 +124,19 @@ fn hex_state_compresses_to_about_half() {
     let state = hex_state(2);
     assert_eq!(state.len(), 821_490);
     let packed = compress(&state);
-    assert_eq!(packed[0], ZSTD_FRAMES);
+    assert_eq!(packed[0], PACKED_FRAMES);
     // 4 bits of information per hex digit: a little over half the input.
     assert!(packed.len() < 420_000, "{}", packed.len());
+    // The same hex in upper case packs as well.
+    let upper = compress(&state.to_ascii_uppercase());
+    assert!(upper.len() < 420_000, "{}", upper.len());
 }
 
 #[test]
 fn bomb_is_refused_without_decoding() {
     let zeros = vec![0u8; 64 * MIB];
     let packed = compress(&zeros);
-    assert_eq!(packed[0], ZSTD_FRAMES);
+    assert_eq!(packed[0], PACKED_FRAMES);
     assert!(packed.len() < 32 * 1024, "{}", packed.len());
     assert_eq!(decompress(&packed, MIB), Err(DecompressError::TooLarge));
     assert_eq!(decompress(&packed, 64 * MIB - 1), Err(DecompressError::TooLarge));
@@ -135,11 +163,39 @@ fn hand_made_frames() {
     // No declared size.
     let no_size = tagged(ZSTD, &rle_frame(None, 100, b'z'));
     assert_eq!(decompress(&no_size, usize::MAX), Err(DecompressError::Corrupt));
+
+    // Packed frames: one per 64 KiB of the claimed length, each holding a packed piece ('z'
+    // is not a hex digit, so 'z's pack as themselves).
+    let piece = rle_frame(Some(FRAME_INPUT_BYTES as u64), FRAME_INPUT_BYTES as u32, b'z');
+    let tail = rle_frame(Some(10), 10, b'z');
+    let good = packed_state(FRAME_INPUT_BYTES as u64 + 10, &[&piece, &tail]);
+    assert_eq!(good.len(), 1 + 3 + 17 + 17);
+    assert_eq!(decompress(&good, usize::MAX).unwrap(), vec![b'z'; FRAME_INPUT_BYTES + 10]);
+    assert_eq!(decompress(&good, FRAME_INPUT_BYTES + 9), Err(DecompressError::TooLarge));
+    let huge_claim = packed_state(1 << 40, &[&piece, &tail]);
+    assert_eq!(decompress(&huge_claim, 48 * MIB), Err(DecompressError::TooLarge));
+    assert_eq!(decompress(&huge_claim, usize::MAX), Err(DecompressError::Corrupt));
+    let (piece, tail) = (piece.as_slice(), tail.as_slice());
+    for frames in [&[piece][..], &[piece, tail, tail], &[tail, piece]] {
+        let state = packed_state(FRAME_INPUT_BYTES as u64 + 10, frames);
+        assert_eq!(decompress(&state, usize::MAX), Err(DecompressError::Corrupt), "{} frames", frames.len());
+    }
+    // A frame may hold up to twice its piece (every byte an escaped 0xFF), not more.
+    let escaped = packed_state(10, &[&rle_frame(Some(20), 20, 0xFF)]);
+    assert_eq!(decompress(&escaped, usize::MAX), Err(DecompressError::Corrupt), "FF FF is no escape");
+    let too_big = packed_state(10, &[&rle_frame(Some(21), 21, b'z')]);
+    assert_eq!(decompress(&too_big, usize::MAX), Err(DecompressError::Corrupt));
+    let mut pairs = Vec::new();
+    for _ in 0..10 {
+        pairs.extend_from_slice(&[0xFF, 0]);
+    }
+    let escapes = packed_state(10, &[&zstd::bulk::compress(&pairs, 1).unwrap()]);
+    assert_eq!(decompress(&escapes, usize::MAX).unwrap(), vec![0xFF; 10]);
 }
 
 #[test]
 fn corrupt_and_unknown_inputs() {
-    let packed = compress(&hex_state(3)[..10_000]);
+    let packed = legacy(&hex_state(3)[..10_000]);
     assert_eq!(packed[0], ZSTD);
     let frame = &packed[1..];
     let mut two_frames = packed.clone();
@@ -151,7 +207,11 @@ fn corrupt_and_unknown_inputs() {
     frames[0] = ZSTD_FRAMES;
     let mut frames_trailing = frames.clone();
     frames_trailing.push(0);
-    let cases: [(&[u8], DecompressError); 14] = [
+    let current = compress(&hex_state(3)[..100_000]);
+    assert_eq!(current[0], PACKED_FRAMES);
+    let mut current_trailing = current.clone();
+    current_trailing.push(0);
+    let cases: [(&[u8], DecompressError); 19] = [
         (&[], DecompressError::Corrupt),
         (&[ZSTD], DecompressError::Corrupt),
         (&[ZSTD, 1, 2, 3, 4, 5, 6, 7, 8], DecompressError::Corrupt),
@@ -164,7 +224,12 @@ fn corrupt_and_unknown_inputs() {
         (&one_of_frames, DecompressError::Corrupt),
         (&frames_trailing, DecompressError::Corrupt),
         (&frames[..frames.len() - 1], DecompressError::Corrupt),
-        (&[3, 1, 2, 3], DecompressError::UnknownFormat),
+        (&[PACKED_FRAMES], DecompressError::Corrupt),
+        (&[PACKED_FRAMES, 0], DecompressError::Corrupt),
+        (&current[..current.len() - 1], DecompressError::Corrupt),
+        (&current_trailing, DecompressError::Corrupt),
+        (&current[..current.len() / 2], DecompressError::Corrupt),
+        (&[4, 1, 2, 3], DecompressError::UnknownFormat),
         (&[0xff], DecompressError::UnknownFormat),
     ];
     for (input, expected) in cases {
@@ -196,7 +261,7 @@ fn errors_map_to_token_rejections() {
 fn every_byte_flip_of_a_frame_is_safe() {
     let state = hex_state(4)[..3000].to_vec();
     let packed = compress(&state);
-    assert_eq!(packed[0], ZSTD);
+    assert_eq!(packed[0], PACKED_FRAMES);
     for index in 1..packed.len() {
         for bit in 0..8 {
             let mut mutated = packed.clone();
@@ -268,12 +333,17 @@ proptest::proptest! {
         descriptor in proptest::prelude::any::<u8>(),
         max_output in 0usize..1_000_000,
     ) {
-        let mut bytes = vec![ZSTD];
-        bytes.extend_from_slice(&MAGIC);
-        bytes.push(descriptor);
-        bytes.extend_from_slice(&body);
-        if let Ok(out) = decompress(&bytes, max_output) {
-            proptest::prop_assert!(out.len() <= max_output);
+        for tag in [ZSTD, PACKED_FRAMES] {
+            let mut bytes = vec![tag];
+            if tag == PACKED_FRAMES {
+                hex_runs::push_uint(max_output as u64 / 2, &mut bytes);
+            }
+            bytes.extend_from_slice(&MAGIC);
+            bytes.push(descriptor);
+            bytes.extend_from_slice(&body);
+            if let Ok(out) = decompress(&bytes, max_output) {
+                proptest::prop_assert!(out.len() <= max_output);
+            }
         }
     }
 }
