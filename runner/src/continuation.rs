@@ -1,8 +1,9 @@
 //! Turning paused state into tokens and back, whichever codec the runner uses.
 
-use crate::codec::compress::FrameDecoder;
+use crate::codec::compress::{FrameDecoder, PACKED_FRAMES, header_len_bound};
 use crate::codec::{
-    DecompressError, SealedCodec, SignedCodec, TokenError, TokenHeader, compress, decode_state_part, decompress,
+    ChunkedState, DecompressError, SealedCodec, SignedCodec, TokenError, TokenHeader, TokenRejection, compress,
+    decompress,
 };
 use crate::error::{ErrorCode, RunError};
 use crate::ledger_feed::{FeedItem, FeedSender, LedgerFeed};
@@ -14,7 +15,6 @@ use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::Serialize;
 use std::fmt;
-use std::ops::Range;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -135,14 +135,10 @@ impl Claim {
 pub(crate) enum Opened {
     /// Decoded whole, with the claim when the token is stored.
     Whole { state: ContinuationState, claim: Option<Arc<Claim>> },
-    /// Still to authenticate (`verify`, for the worker to run before the script) and to decode
-    /// (`rest`, for the caller's thread to decode into `feed` while the worker replays).
-    Streamed { feed: LedgerFeed, verify: Verify, rest: StateStream },
+    /// Authenticated but for its state, which is still to decode (`rest`, for the caller's
+    /// thread to authenticate and decode into `feed` while the worker replays).
+    Streamed { feed: LedgerFeed, rest: StateStream },
 }
-
-/// A check that authenticates a continuation whose state was read before it (see
-/// [`SignedCodec`]'s deferred decoding); its error is the token's rejection.
-pub(crate) type Verify = Box<dyn FnOnce() -> Result<(), RunError> + Send + Sync>;
 
 fn rejected(reason: impl fmt::Display) -> RunError {
     RunError::protocol(format!("continuation rejected: {reason}"))
@@ -215,8 +211,8 @@ impl ContinuationCodec {
     /// Verifies `token` for `audience` and decodes its state; a stored token is claimed.
     ///
     /// With `overlap`, a signed token is opened for a run that overlaps its parts
-    /// ([`Opened::Streamed`]): nothing is authenticated or decoded here but its size, shape and
-    /// base64, and the frames of its state.
+    /// ([`Opened::Streamed`]): everything but its state is authenticated here, and its state is
+    /// authenticated chunk by chunk as it is decoded.
     pub(crate) async fn open(
         &self,
         token: &Arc<str>,
@@ -230,16 +226,13 @@ impl ContinuationCodec {
         let now = SystemTime::now();
         let decoded = match self {
             ContinuationCodec::Signed(codec) if overlap => {
-                let (state_part, check) = codec.decode_deferred(token, audience, now).map_err(token_error)?;
-                let verify: Verify = Box::new(move || check.verify().map_err(token_error));
-                let (feed, receiver) = LedgerFeed::new();
-                let rest = StateStream {
-                    token: Arc::clone(token),
-                    state_part,
-                    limit: limits.usize(Limit::Continuation),
-                    feed,
-                };
-                return Ok(Opened::Streamed { feed: receiver, verify, rest });
+                if let Some(chunked) = codec.open_chunked(token, audience, now).map_err(token_error)? {
+                    let (feed, receiver) = LedgerFeed::new();
+                    let limit = limits.usize(Limit::Continuation);
+                    let rest = StateStream { token: Arc::clone(token), chunked, limit, feed };
+                    return Ok(Opened::Streamed { feed: receiver, rest });
+                }
+                codec.decode(token, audience, now)
             }
             ContinuationCodec::Signed(codec) => codec.decode(token, audience, now),
             ContinuationCodec::Sealed(codec) => codec.decode(token, audience, now),
@@ -313,11 +306,11 @@ fn decode_state(bytes: &[u8], limits: &Limits) -> Result<ContinuationState, RunE
     ContinuationState::decode(&bytes).map_err(rejected)
 }
 
-/// The state part of a signed token, to decode frame by frame (see [`FrameDecoder`]) into a
-/// [`LedgerFeed`].
+/// The state part of a signed token, to authenticate, decode and parse frame by frame (see
+/// [`FrameDecoder`]) into a [`LedgerFeed`].
 pub(crate) struct StateStream {
     token: Arc<str>,
-    state_part: Range<usize>,
+    chunked: ChunkedState,
     /// The continuation limit: the most bytes the state may decode to.
     limit: usize,
     feed: FeedSender,
@@ -325,15 +318,28 @@ pub(crate) struct StateStream {
 
 impl StateStream {
     /// Decodes the state into the feed: its head, each frame's entries, then the verdict on the
-    /// whole state. Stops early once nobody listens. Returns the head, if it was read.
+    /// whole state. Each chunk of the token's state part is decoded and authenticated just
+    /// before a frame needs it, so nothing of a frame is used before it is authentic; and if a
+    /// chunk is refused, that is the verdict even when the state fails another check first, as
+    /// [`SignedCodec::decode`] would refuse the token before decompressing it. Stops early once
+    /// nobody listens. Returns the head, if it was read.
     pub(crate) fn finish(self) -> Option<StateHead> {
-        let StateStream { token, state_part, limit, feed } = self;
+        let StateStream { token, mut chunked, limit, feed } = self;
         let mut head = None;
-        let decode = || -> Result<(), RunError> {
-            let bytes = decode_state_part(&token, state_part).map_err(token_error)?;
-            let mut decoder = FrameDecoder::new(&bytes, limit).map_err(decompress_error)?;
+        let state_len = chunked.len();
+        let mut bytes = Vec::with_capacity(state_len);
+        let mut decode = |chunked: &mut ChunkedState, bytes: &mut Vec<u8>| -> Result<(), RunError> {
+            let mut next_chunk = |bytes: &mut Vec<u8>| chunked.next_chunk(&token, bytes).map_err(rejection);
+            // Enough chunks for the compression header (the first one, but for huge limits).
+            while bytes.len() < header_len_bound(limit) && next_chunk(bytes)? {}
+            if bytes.first() != Some(&PACKED_FRAMES) {
+                while next_chunk(bytes)? {}
+            }
+            let mut decoder = FrameDecoder::new(bytes, state_len, limit).map_err(decompress_error)?;
             let mut parser = StateParser::new(decoder.total());
-            while let Some(so_far) = decoder.next_frame(&bytes).map_err(decompress_error)? {
+            while let Some(end) = decoder.next_frame_end() {
+                while bytes.len() < end && next_chunk(bytes)? {}
+                let so_far = decoder.next_frame(bytes).map_err(decompress_error)?.unwrap_or_default();
                 let mut entries = Vec::new();
                 let mut listened = true;
                 parser
@@ -352,12 +358,26 @@ impl StateStream {
                     return Ok(());
                 }
             }
+            while next_chunk(bytes)? {}
             parser.finish(&decoder.into_output()).map_err(rejected)
         };
-        let verdict = decode();
+        let verdict = decode(&mut chunked, &mut bytes).map_err(|error| {
+            loop {
+                match chunked.next_chunk(&token, &mut bytes) {
+                    Ok(true) => {}
+                    Ok(false) => break error,
+                    Err(refused) => break rejection(refused),
+                }
+            }
+        });
         let _ = feed.send(FeedItem::End(verdict));
         head
     }
+}
+
+/// The refusal of a token.
+fn rejection(rejection: TokenRejection) -> RunError {
+    token_error(rejection.into())
 }
 
 /// A decompression failure, as the rejection of the token that carried the state.

@@ -1,7 +1,6 @@
 //! What a worker executes, and what comes back.
 
 use crate::bytecode_cache::{BytecodeCacheConfig, CacheLookup};
-use crate::continuation::Verify;
 use crate::error::RunError;
 use crate::event::EventSink;
 use crate::ledger_feed::LedgerFeed;
@@ -54,11 +53,10 @@ pub(crate) struct Replay {
     pub resolutions: HashMap<u32, Value>,
 }
 
-/// A continuation the worker takes over before it is authenticated and decoded: it runs
-/// `verify`, then reads the state's head from `feed` and checks it, and only then starts the
-/// script (whose seed, clock and run id come from that head).
+/// A continuation the worker takes over before its state is decoded: it reads the state's
+/// head from `feed` and checks it, and only then starts the script (whose seed, clock and run
+/// id come from that head). Only authenticated parts of the state arrive in `feed`.
 pub(crate) struct Streamed {
-    pub verify: Option<Verify>,
     pub feed: LedgerFeed,
     /// The scope the state must have been made for.
     pub scope_hash: [u8; 32],

@@ -6,9 +6,9 @@
 //! Whatever the feed ends with (a checksum or settle order found wrong at the end, say) is
 //! known before the replay ends, so before any host function runs.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender, TryRecvError};
 
 use crate::error::{ErrorCode, RunError};
 use crate::state::{LedgerEntry, StateHead};
@@ -23,6 +23,9 @@ pub(crate) enum FeedItem {
     /// The state ended: every entry was sent and the state is valid, or it is not.
     End(Result<(), RunError>),
 }
+
+/// How long the worker polls for the next part of a state before it sleeps.
+const POLL_BEFORE_SLEEP: Duration = Duration::from_micros(300);
 
 /// The sending half, for the decoding thread.
 pub(crate) type FeedSender = Sender<FeedItem>;
@@ -69,6 +72,16 @@ impl LedgerFeed {
     }
 
     fn receive(&self, deadline: Instant) -> Result<FeedItem, RunError> {
+        // The decoding thread is at work: its next part is usually a few dozen microseconds
+        // away, less than waking this thread would take. Poll a while before sleeping.
+        let polling_until = Instant::now() + POLL_BEFORE_SLEEP;
+        while Instant::now() < polling_until.min(deadline) {
+            match self.receiver.try_recv() {
+                Ok(item) => return Ok(item),
+                Err(TryRecvError::Empty) => std::thread::yield_now(),
+                Err(TryRecvError::Disconnected) => break,
+            }
+        }
         self.receiver.recv_deadline(deadline).map_err(|error| match error {
             RecvTimeoutError::Timeout => {
                 RunError::new(ErrorCode::Timeout, "the continuation was still being decoded at the time limit")

@@ -492,13 +492,9 @@ impl Runner {
                     Err(error)
                 }
             },
-            Opened::Streamed { feed, verify, rest } => {
-                let resolutions = match resolutions_of(request, None) {
-                    Ok(resolutions) => resolutions,
-                    // A token that is not authentic is rejected as such.
-                    Err(error) => return Err(verify().err().unwrap_or(error)),
-                };
-                let streamed = Streamed { verify: Some(verify), feed, scope_hash: *scope, count: 0 };
+            Opened::Streamed { feed, rest } => {
+                let resolutions = resolutions_of(request, None)?;
+                let streamed = Streamed { feed, scope_hash: *scope, count: 0 };
                 // The run id, seed and clock are the state's, which the worker reads from the
                 // feed once the token is authentic.
                 let replay = Replay {

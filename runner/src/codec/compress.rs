@@ -8,12 +8,12 @@
 //! * [`STORED`] (`0`): the state itself. Used for states shorter than
 //!   [`MIN_COMPRESS_BYTES`] and whenever compression would not make the state smaller
 //!   (already compressed or random data).
-//! * [`PACKED_FRAMES`] (`3`): what [`compress`] writes. The state's length (unsigned
-//!   LEB128), then the state cut into pieces of [`FRAME_INPUT_BYTES`] (the last one shorter),
-//!   each hex-packed (see `hex_runs`: runs of hex digits stored two to a byte) and compressed
-//!   into its own zstd frame that declares its content size, the frames one after the other.
-//!   A reader can use the start of a large state while the rest is still being decompressed
-//!   ([`FrameDecoder`]).
+//! * [`PACKED_FRAMES`] (`3`): what [`compress`] writes. The state's length, then the
+//!   compressed length of each of its frames (unsigned LEB128 integers), then the frames: the
+//!   state cut into pieces of [`FRAME_INPUT_BYTES`] (the last one shorter), each hex-packed
+//!   (see `hex_runs`: runs of hex digits stored two to a byte) and compressed into its own
+//!   zstd frame that declares its content size. A reader can use the start of a large state
+//!   while the rest is still being decompressed, or still arriving ([`FrameDecoder`]).
 //! * [`ZSTD`] (`1`) and [`ZSTD_FRAMES`] (`2`): one zstd frame, or one per piece, without
 //!   hex-packing; written by earlier versions and still read.
 //!
@@ -134,9 +134,8 @@ pub fn compress(state: &[u8]) -> Vec<u8> {
 /// [`compress`] at zstd level `level`.
 fn compress_with_level(state: &[u8], level: i32) -> Vec<u8> {
     if state.len() >= MIN_COMPRESS_BYTES {
-        let mut out = std::io::Cursor::new(Vec::with_capacity(16 + state.len() / 2));
-        out.get_mut().push(PACKED_FRAMES);
-        hex_runs::push_uint(state.len() as u64, out.get_mut());
+        let mut frames = std::io::Cursor::new(Vec::with_capacity(state.len() / 2));
+        let mut lengths = Vec::new();
         let mut context = zstd_safe::CCtx::create();
         let mut packed = Vec::with_capacity(FRAME_INPUT_BYTES.min(state.len()) * 2);
         // Fails only if the output buffer is too small, which `compress_bound` rules out;
@@ -144,18 +143,36 @@ fn compress_with_level(state: &[u8], level: i32) -> Vec<u8> {
         let compressed = state.chunks(FRAME_INPUT_BYTES).all(|piece| {
             packed.clear();
             hex_runs::pack(piece, &mut packed);
-            out.get_mut().reserve(zstd_safe::compress_bound(packed.len()));
-            out.set_position(out.get_ref().len() as u64);
-            context.compress(&mut out, &packed, level).is_ok()
+            frames.get_mut().reserve(zstd_safe::compress_bound(packed.len()));
+            frames.set_position(frames.get_ref().len() as u64);
+            let written = context.compress(&mut frames, &packed, level);
+            written.inspect(|&len| lengths.push(len)).is_ok()
         });
-        if compressed && out.get_ref().len() <= state.len() {
-            return out.into_inner();
+        let frames = frames.into_inner();
+        let mut out = Vec::with_capacity(1 + 10 * (1 + lengths.len()) + frames.len());
+        out.push(PACKED_FRAMES);
+        hex_runs::push_uint(state.len() as u64, &mut out);
+        for &len in &lengths {
+            hex_runs::push_uint(len as u64, &mut out);
+        }
+        out.extend_from_slice(&frames);
+        if compressed && out.len() <= state.len() {
+            return out;
         }
     }
     let mut out = Vec::with_capacity(1 + state.len());
     out.push(STORED);
     out.extend_from_slice(state);
     out
+}
+
+/// The most bytes the header of a [`PACKED_FRAMES`] state of at most `max_output` bytes can
+/// take (tag, length and frame lengths): what [`FrameDecoder::new`] needs of such an input.
+#[must_use]
+pub fn header_len_bound(max_output: usize) -> usize {
+    const LEB128_U64: usize = 10;
+    let frames = max_output.div_ceil(FRAME_INPUT_BYTES);
+    frames.saturating_add(1).saturating_mul(LEB128_U64).saturating_add(1)
 }
 
 /// Undoes [`compress`], refusing to produce more than `max_output` bytes.
@@ -169,7 +186,7 @@ fn compress_with_level(state: &[u8], level: i32) -> Vec<u8> {
 /// [`DecompressError::UnknownFormat`] for an unknown tag byte, [`DecompressError::Corrupt`]
 /// for anything else that is not the output of [`compress`].
 pub fn decompress(bytes: &[u8], max_output: usize) -> Result<Vec<u8>, DecompressError> {
-    let mut decoder = FrameDecoder::new(bytes, max_output)?;
+    let mut decoder = FrameDecoder::new(bytes, bytes.len(), max_output)?;
     while decoder.next_frame(bytes)?.is_some() {}
     Ok(decoder.into_output())
 }
@@ -179,15 +196,18 @@ pub fn decompress(bytes: &[u8], max_output: usize) -> Result<Vec<u8>, Decompress
 struct Frame {
     /// Where it lies in the input.
     range: Range<usize>,
-    /// The content size it declares (its whole length for a stored state).
-    declared: u64,
+    /// The content size it declares (its whole length for a stored state); `None` for a
+    /// hex-packed frame, whose declared size is read when it is decoded.
+    declared: Option<u64>,
     /// How many bytes of state it holds: `declared`, unless its content is hex-packed.
     length: u64,
 }
 
 /// Undoes [`compress`] one frame at a time, for a reader that uses the start of a state while
-/// the rest is still compressed (a state that is not in frames is one frame). Every frame's
-/// declared size, and their sum against the limit, are checked before anything is decoded.
+/// the rest is still compressed, or even still arriving (a state that is not in frames is one
+/// frame). The state's length is checked against the limit before anything is decoded, and
+/// so is every frame's declared size, except for hex-packed frames, which each declare at most
+/// twice their piece.
 pub struct FrameDecoder {
     frames: Vec<Frame>,
     /// Frames decoded so far.
@@ -201,22 +221,30 @@ pub struct FrameDecoder {
 }
 
 impl FrameDecoder {
-    /// A decoder of `bytes` (the output of [`compress`]) that never produces more than
-    /// `max_output` bytes. The same `bytes` must be passed to each
-    /// [`next_frame`](Self::next_frame).
+    /// A decoder of an input of `input_len` bytes (the output of [`compress`]) that never
+    /// produces more than `max_output` bytes, given the input's first bytes, `available`. For
+    /// a [`PACKED_FRAMES`] input these need only hold its header (the start of its first
+    /// frame is enough); other formats need the whole input at once. Each
+    /// [`next_frame`](Self::next_frame) is given (a longer start of) the same input.
     ///
     /// # Errors
     ///
-    /// As for [`decompress`], for everything that can be told before decoding.
-    pub fn new(bytes: &[u8], max_output: usize) -> Result<Self, DecompressError> {
-        let &tag = bytes.first().ok_or(DecompressError::Corrupt)?;
+    /// As for [`decompress`], for everything that can be told before decoding; `Corrupt` for a
+    /// format other than [`PACKED_FRAMES`] given only part of its input.
+    pub fn new(available: &[u8], input_len: usize, max_output: usize) -> Result<Self, DecompressError> {
+        let &tag = available.first().ok_or(DecompressError::Corrupt)?;
+        if tag != PACKED_FRAMES && available.len() != input_len {
+            return Err(DecompressError::Corrupt);
+        }
+        let bytes = available;
         let frames = match tag {
             STORED => {
-                vec![Frame { range: 1..bytes.len(), declared: bytes.len() as u64 - 1, length: bytes.len() as u64 - 1 }]
+                let length = bytes.len() as u64 - 1;
+                vec![Frame { range: 1..bytes.len(), declared: Some(length), length }]
             }
             ZSTD => vec![declared_frame(bytes, 1..bytes.len())?],
             ZSTD_FRAMES => split_frames(bytes, 1).filter(|frames| frames.len() >= 2).ok_or(DecompressError::Corrupt)?,
-            PACKED_FRAMES => packed_frames(bytes, max_output)?,
+            PACKED_FRAMES => packed_frames(available, input_len, max_output)?,
             _ => return Err(DecompressError::UnknownFormat),
         };
         let total = frames
@@ -228,7 +256,9 @@ impl FrameDecoder {
         }
         // A frame that declares more than its bytes can decode to is a lie.
         let lies = |frame: &Frame| {
-            frame.declared > u64::try_from(frame.range.len()).unwrap_or(u64::MAX).saturating_mul(MAX_EXPANSION)
+            frame.declared.is_some_and(|declared| {
+                declared > u64::try_from(frame.range.len()).unwrap_or(u64::MAX).saturating_mul(MAX_EXPANSION)
+            })
         };
         if tag != STORED && frames.iter().any(lies) {
             return Err(DecompressError::Corrupt);
@@ -246,12 +276,20 @@ impl FrameDecoder {
         self.total
     }
 
-    /// Decodes the next frame of `bytes` and returns all the state decoded so far; `None` once
-    /// every frame is decoded.
+    /// Where the next frame to decode ends in the input; `None` once every frame is decoded.
+    #[must_use]
+    pub fn next_frame_end(&self) -> Option<usize> {
+        self.frames.get(self.decoded).map(|frame| frame.range.end)
+    }
+
+    /// Decodes the next frame of the input, of which `bytes` must hold the start up to
+    /// [`next_frame_end`](Self::next_frame_end) at least, and returns all the state decoded so
+    /// far; `None` once every frame is decoded.
     ///
     /// # Errors
     ///
-    /// [`DecompressError::Corrupt`] if the frame does not decode to the size it declared.
+    /// [`DecompressError::Corrupt`] if the frame does not decode to the size it declared (or
+    /// is not all in `bytes`).
     pub fn next_frame(&mut self, bytes: &[u8]) -> Result<Option<&[u8]>, DecompressError> {
         let Some(Frame { range, declared, length }) = self.frames.get(self.decoded).cloned() else { return Ok(None) };
         let frame = bytes.get(range).ok_or(DecompressError::Corrupt)?;
@@ -261,12 +299,17 @@ impl FrameDecoder {
             return Ok(Some(self.out.get_ref()));
         }
         let context = self.context.get_or_insert_with(zstd_safe::DCtx::create);
-        if self.tag != PACKED_FRAMES {
+        if let Some(declared) = declared {
             decompress_frame(context, frame, declared, &mut self.out)?;
             return Ok(Some(self.out.get_ref()));
         }
+        // A packed piece is at most twice as long as the piece, and a frame cannot decode to
+        // more than its bytes allow.
+        let declared = match zstd_safe::get_frame_content_size(frame) {
+            Ok(Some(size)) if size <= 2 * length && size <= frame.len() as u64 * MAX_EXPANSION => size,
+            _ => return Err(DecompressError::Corrupt),
+        };
         self.packed.get_mut().clear();
-        // Declared sizes are bounded by the frame's length (see `packed_frames`).
         self.packed.get_mut().reserve(declared as usize);
         decompress_frame(context, frame, declared, &mut self.packed)?;
         hex_runs::unpack(self.packed.get_ref(), length as usize, self.out.get_mut())?;
@@ -307,25 +350,35 @@ fn decompress_frame(
     }
 }
 
-/// The frames of a [`PACKED_FRAMES`] state: its length, then one frame per
-/// [`FRAME_INPUT_BYTES`] of it, each declaring no more than packing can make of its piece
-/// (twice its length).
-fn packed_frames(bytes: &[u8], max_output: usize) -> Result<Vec<Frame>, DecompressError> {
+/// The frames of a [`PACKED_FRAMES`] input of `input_len` bytes, from its header at the start
+/// of `bytes`: the state's length, then the compressed length of each frame, one per
+/// [`FRAME_INPUT_BYTES`] of state. The frames must fill the rest of the input exactly.
+fn packed_frames(bytes: &[u8], input_len: usize, max_output: usize) -> Result<Vec<Frame>, DecompressError> {
     let mut rest = &bytes[1..];
     let total = hex_runs::read_uint(&mut rest).ok_or(DecompressError::Corrupt)?;
     if total > u64::try_from(max_output).unwrap_or(u64::MAX) {
         return Err(DecompressError::TooLarge);
     }
-    let mut frames = split_frames(bytes, bytes.len() - rest.len()).ok_or(DecompressError::Corrupt)?;
     let piece = FRAME_INPUT_BYTES as u64;
-    if total == 0 || frames.len() as u64 != total.div_ceil(piece) {
+    let count = usize::try_from(total.div_ceil(piece)).map_err(|_| DecompressError::TooLarge)?;
+    if count == 0 {
         return Err(DecompressError::Corrupt);
     }
-    for (i, frame) in frames.iter_mut().enumerate() {
-        frame.length = piece.min(total - i as u64 * piece);
-        if frame.declared > 2 * frame.length {
-            return Err(DecompressError::Corrupt);
-        }
+    let mut lengths = Vec::with_capacity(count.min(rest.len()));
+    for _ in 0..count {
+        let len = hex_runs::read_uint(&mut rest).and_then(|len| usize::try_from(len).ok());
+        lengths.push(len.filter(|&len| len > 0).ok_or(DecompressError::Corrupt)?);
+    }
+    let mut start = bytes.len() - rest.len();
+    let mut frames = Vec::with_capacity(count);
+    for (i, len) in lengths.into_iter().enumerate() {
+        let end = start.checked_add(len).filter(|&end| end <= input_len).ok_or(DecompressError::Corrupt)?;
+        let length = piece.min(total - i as u64 * piece);
+        frames.push(Frame { range: start..end, declared: None, length });
+        start = end;
+    }
+    if start != input_len {
+        return Err(DecompressError::Corrupt);
     }
     Ok(frames)
 }
@@ -333,7 +386,7 @@ fn packed_frames(bytes: &[u8], max_output: usize) -> Result<Vec<Frame>, Decompre
 /// The zstd frame at `frame` in `bytes`, with the content size it declares.
 fn declared_frame(bytes: &[u8], frame: Range<usize>) -> Result<Frame, DecompressError> {
     match zstd_safe::get_frame_content_size(&bytes[frame.clone()]) {
-        Ok(Some(size)) => Ok(Frame { range: frame, declared: size, length: size }),
+        Ok(Some(size)) => Ok(Frame { range: frame, declared: Some(size), length: size }),
         Ok(None) | Err(_) => Err(DecompressError::Corrupt),
     }
 }

@@ -102,6 +102,11 @@ pub(super) fn decode_part_into(part: &str, buf: &mut Vec<u8>) -> Result<(), Toke
     URL_SAFE_NO_PAD.decode_append(part, buf).map_err(|_| TokenRejection::Malformed)
 }
 
+/// Like [`decode_part`], appending to `buf`; on failure `buf` may hold part of the output.
+pub(super) fn decode_part_append(part: &str, buf: &mut Vec<u8>) -> Result<(), TokenRejection> {
+    URL_SAFE_NO_PAD.decode_append(part, buf).map_err(|_| TokenRejection::Malformed)
+}
+
 /// Appends the base64url (no padding) encoding of `bytes` to `out`.
 pub(super) fn encode_part_into(bytes: &[u8], out: &mut String) {
     URL_SAFE_NO_PAD.encode_append(bytes, out);

@@ -31,23 +31,35 @@
 //!   the way `serde_json` / `JSON.stringify` escape them, exactly these keys:
 //!
 //!   ```text
-//!   {"alg":"HS256","aud":<string>,"exp":<u64>,"fmt":"resumable-continuation","iat":<u64>,"nonce":<string>,"v":1}
+//!   {"alg":"HS256-CHUNKED","aud":<string>,"exp":<u64>,"fmt":"resumable-continuation","iat":<u64>,"nonce":<string>,"v":1}
 //!   ```
 //!
 //!   `iat` and `exp` are Unix seconds (`exp = iat + max_age`), `aud` is the audience the
 //!   token is scoped to (for example a tenant and automation), `nonce` is the 22-character
 //!   base64url encoding of 16 random bytes, so two tokens never coincide.
 //! * `state` encodes the opaque state bytes.
-//! * `mac` encodes `HMAC-SHA256(secret, ASCII(header_part + "." + state_part))` (32 bytes,
-//!   43 characters).
+//! * `mac` encodes `tag || d_1 || … || d_n`, where `d_i` is the SHA-256 digest of the `i`-th
+//!   chunk of 48 KiB (49,152 bytes) of the state, the last chunk shorter, an
+//!   empty state one empty chunk; and `tag = HMAC-SHA256(secret, ASCII(header_part + ".") ||
+//!   d_1 || … || d_n)`. The digests let a reader authenticate a large state chunk by chunk
+//!   while it decodes it (a 48 KiB chunk is exactly 64 KiB of base64url); the HMAC covers all
+//!   of them, so it covers the state as long as SHA-256 resists collisions.
+//!
+//! Tokens of earlier versions have `"alg":"HS256"` and a `mac` part of just the tag, an
+//! `HMAC-SHA256(secret, ASCII(header_part + "." + state_part))`; they are still verified. The
+//! length of the `mac` part tells which construction a token claims, and the authenticated
+//! header's `alg` must name that construction.
 //!
 //! ## Verification order
 //!
 //! 1. the raw token length must not exceed `max_token_bytes` ([`TokenRejection::TooLarge`]);
-//! 2. exactly three parts, each strict base64url, and a 32-byte MAC
-//!    ([`TokenRejection::Malformed`]);
-//! 3. the MAC must match under the current secret or one of the previous secrets, compared
-//!    in constant time ([`TokenRejection::BadSignature`]);
+//! 2. exactly three parts, each strict base64url, a state part of a length some bytes
+//!    encode to, and a `mac` part of a tag and one digest per chunk of the state, or (earlier
+//!    versions) a tag alone ([`TokenRejection::Malformed`]);
+//! 3. the tag must match under the current secret or one of the previous secrets, compared
+//!    in constant time ([`TokenRejection::BadSignature`]); for a token of an earlier version,
+//!    whose tag covers the state part, that part is decoded first (step 7's
+//!    [`TokenRejection::Malformed`]);
 //! 4. only then is the header parsed: JSON object with the keys above and the right types
 //!    ([`TokenRejection::Malformed`]); `fmt`, `v`, `alg` exact and no unknown key
 //!    ([`TokenRejection::UnsupportedFormat`]); re-serializing it canonically must reproduce
@@ -57,18 +69,20 @@
 //!    skipped by [`SignedCodec::decode_unscoped`];
 //! 6. times, with `skew = clock_skew`: `now > exp + skew` is [`TokenRejection::Expired`],
 //!    `iat > now + skew` is [`TokenRejection::IssuedInFuture`], `now - iat > max_age + skew`
-//!    is [`TokenRejection::TooOld`].
+//!    is [`TokenRejection::TooOld`];
+//! 7. the state part must be strict base64url ([`TokenRejection::Malformed`]), and each chunk
+//!    of it must have its digest ([`TokenRejection::BadSignature`]).
 //!
 //! Decoding never panics, whatever the input.
 //!
-//! When the runner resumes from a signed token on worker threads, it does not wait for the
-//! MAC before decoding: it hands the run to a worker with the token's authentication still to
-//! do, and decodes the state while the worker checks the MAC, reads the state's head and
-//! replays. The worker checks the MAC before it reads anything of the state, and a token that
-//! fails it is rejected as such, whatever its state holds, so nothing of an unauthentic state
-//! reaches the script or a host function. What the early decoding can cost
-//! is bounded: the zstd decoder is built for untrusted input, and [`decompress()`] never
-//! produces more than the continuation limit.
+//! When the runner resumes from a signed token on worker threads, it runs steps 1 to 6 before
+//! it hands the run to a worker, then decodes the state on its own thread while the worker
+//! replays: each frame of the compressed state is decompressed only once the chunks that hold
+//! it are authenticated, and only the ledger entries of such frames reach the worker. A
+//! forged chunk is reported as [`TokenRejection::BadSignature`] even when the state fails
+//! another check first, as [`SignedCodec::decode`] reports it. Reading the frames' headers
+//! before their chunks costs little and is bounded: [`decompress()`] never produces more than
+//! the continuation limit.
 //!
 //! # The sealed codec
 //!
@@ -133,7 +147,7 @@ pub use config::CodecConfig;
 pub use envelope::{MIN_SECRET_BYTES, TOKEN_FORMAT, TOKEN_VERSION, TokenHeader};
 pub use error::{CodecConfigError, TokenError, TokenRejection};
 pub use sealed::{SEALED_TOKEN_ALGORITHM, SealedCodec, SealedCodecConfig};
-pub(crate) use signed::decode_state_part;
+pub(crate) use signed::ChunkedState;
 pub use signed::{SignedCodec, SignedCodecConfig, TOKEN_ALGORITHM};
 
 #[cfg(test)]

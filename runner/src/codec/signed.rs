@@ -3,14 +3,13 @@
 
 use std::fmt;
 use std::ops::Range;
-use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use hmac::{Hmac, KeyInit, Mac};
-use sha2::Sha256;
+use sha2::{Digest, Sha256};
 
 use super::config::{CodecConfig, Policy};
-use super::envelope::{self, TokenHeader, decode_part, split_parts};
+use super::envelope::{self, TokenHeader, decode_part, decode_part_append, split_parts};
 #[cfg(test)]
 use super::envelope::{TOKEN_FORMAT, is_base64url_byte};
 use super::error::{CodecConfigError, TokenError, TokenRejection};
@@ -18,14 +17,23 @@ use super::error::{CodecConfigError, TokenError, TokenRejection};
 /// The MAC of the `HS256` algorithm.
 type HmacSha256 = Hmac<Sha256>;
 
-/// The value of the signed codec's header `alg` field.
-pub const TOKEN_ALGORITHM: &str = "HS256";
+/// The value of the signed codec's header `alg` field: HMAC-SHA256 over the header and the
+/// SHA-256 digests of the state's chunks (see the [module documentation](super)).
+pub const TOKEN_ALGORITHM: &str = "HS256-CHUNKED";
 
-/// Length of an HMAC-SHA256 tag.
+/// The `alg` of tokens from earlier versions, whose HMAC-SHA256 covers the whole state part;
+/// still verified.
+pub(crate) const WHOLE_STATE_ALGORITHM: &str = "HS256";
+
+/// Length of an HMAC-SHA256 tag, and of a SHA-256 digest.
 const MAC_BYTES: usize = 32;
 
-/// Length of a base64url (no padding) HMAC-SHA256 tag.
-const MAC_CHARS: usize = 43;
+/// How many bytes of state each digest of a token covers (the last chunk may be shorter).
+pub(crate) const CHUNK_BYTES: usize = 48 * 1024;
+
+/// The base64url characters of a chunk: exactly 64 KiB, and a multiple of 4, so that chunks
+/// decode one at a time.
+const CHUNK_CHARS: usize = CHUNK_BYTES / 3 * 4;
 
 /// Configuration of a [`SignedCodec`] (the same type as
 /// [`SealedCodecConfig`](super::SealedCodecConfig)).
@@ -114,9 +122,7 @@ impl SignedCodec {
     /// A [`TokenError`] whose [`reason`](TokenError::reason) is the first check that failed,
     /// in the order given in the [module documentation](super).
     pub fn decode(&self, token: &str, audience: &str, now: SystemTime) -> Result<Vec<u8>, TokenError> {
-        let (header, state) = self.authenticate(token)?;
-        self.policy.accept(&header, Some(audience), now)?;
-        Ok(state)
+        Ok(self.authenticate(token, Some(audience), now)?.1)
     }
 
     /// Verifies `token` at time `now` like [`decode`](Self::decode), but without checking the
@@ -128,127 +134,208 @@ impl SignedCodec {
     /// As for [`decode`](Self::decode), except that [`TokenRejection::WrongAudience`] is never
     /// returned.
     pub fn decode_unscoped(&self, token: &str, now: SystemTime) -> Result<(TokenHeader, Vec<u8>), TokenError> {
-        let (header, state) = self.authenticate(token)?;
-        self.policy.accept(&header, None, now)?;
-        Ok((header, state))
+        self.authenticate(token, None, now)
     }
 
-    /// `base64url(header).base64url(state).base64url(mac)`; the MAC is computed over the
-    /// first two parts as they appear in the output, without an intermediate copy.
+    /// `base64url(header).base64url(state).base64url(tag ‖ digests)`: one SHA-256 digest per
+    /// [`CHUNK_BYTES`] of state, and the HMAC of the header part, a `.`, then the digests.
     fn sign_parts(&self, header: &[u8], state: &[u8]) -> String {
+        let digests = chunk_digests(state);
         let capacity = envelope::encoded_len(header.len())
             .saturating_add(envelope::encoded_len(state.len()))
-            .saturating_add(2 + MAC_CHARS);
+            .saturating_add(2 + envelope::encoded_len(MAC_BYTES + digests.len()));
         let mut out = String::with_capacity(capacity);
         envelope::encode_part_into(header, &mut out);
         out.push('.');
-        envelope::encode_part_into(state, &mut out);
         let mut mac = self.signing.clone();
         mac.update(out.as_bytes());
-        let tag = mac.finalize().into_bytes();
+        mac.update(&digests);
+        let mut tail = mac.finalize().into_bytes().to_vec();
+        tail.extend_from_slice(&digests);
+        envelope::encode_part_into(state, &mut out);
         out.push('.');
-        envelope::encode_part_into(tag.as_slice(), &mut out);
+        envelope::encode_part_into(&tail, &mut out);
         out
     }
 
-    /// Like [`decode`](Self::decode), but checks only the token's size and shape (the header
-    /// and MAC parts decoded) at once, and returns where its state part lies, together with the
-    /// check that authenticates it: the MAC, then the header (audience and times).
+    /// Authenticates everything of `token` but its state at once (shape, MAC, header,
+    /// audience and times), and returns the state's place in the token with the digests that
+    /// authenticate it chunk by chunk, for a reader that uses the start of a large state while
+    /// the rest is still being decoded ([`ChunkedState`]). `None` for a token of an earlier
+    /// version, whose single MAC covers the whole state: [`decode`](Self::decode) it.
     ///
-    /// The caller decodes the state part itself (see [`decode_state_part`]) and must run the
-    /// check before anything of the state can matter (reach a script or a host function); a
-    /// failed check is the token's rejection, whatever the caller made of the state, and it is
-    /// the rejection `decode` gives (a malformed state part before a bad MAC). This lets a
-    /// resume decode a large state on one thread while another verifies it.
-    pub(crate) fn decode_deferred(
+    /// # Errors
+    ///
+    /// The rejection [`decode`](Self::decode) gives the token, except for those of its state
+    /// part, which [`ChunkedState`] gives.
+    pub(crate) fn open_chunked(
         &self,
-        token: &Arc<str>,
+        token: &str,
         audience: &str,
         now: SystemTime,
-    ) -> Result<(Range<usize>, DeferredCheck), TokenError> {
+    ) -> Result<Option<ChunkedState>, TokenError> {
         let signed = self.split(token)?;
-        let state_part = signed.state_part.clone();
-        let check =
-            DeferredCheck { codec: self.clone(), token: Arc::clone(token), signed, audience: audience.to_owned(), now };
-        Ok((state_part, check))
+        if signed.digests.is_empty() {
+            return Ok(None);
+        }
+        let header = self.verify(token, &signed)?;
+        self.policy.accept(&header, Some(audience), now)?;
+        Ok(Some(ChunkedState::new(signed)))
     }
 
-    /// Size, shape, MAC, then header; everything except audience and times.
-    fn authenticate(&self, token: &str) -> Result<(TokenHeader, Vec<u8>), TokenRejection> {
+    /// Size, shape, MAC, header, then (with `audience`, unless `None`) audience and times, then
+    /// the state; a token of an earlier version has its state part decoded before its MAC.
+    fn authenticate(
+        &self,
+        token: &str,
+        audience: Option<&str>,
+        now: SystemTime,
+    ) -> Result<(TokenHeader, Vec<u8>), TokenError> {
         let signed = self.split(token)?;
-        let state = decode_part(&token[signed.state_part.clone()])?;
+        let state_part = &token[signed.state_part.clone()];
+        if signed.digests.is_empty() {
+            let state = decode_part(state_part)?;
+            let header = self.verify(token, &signed)?;
+            self.policy.accept(&header, audience, now)?;
+            return Ok((header, state));
+        }
         let header = self.verify(token, &signed)?;
+        self.policy.accept(&header, audience, now)?;
+        let mut chunked = ChunkedState::new(signed);
+        let mut state = Vec::with_capacity(chunked.len());
+        while chunked.next_chunk(token, &mut state)? {}
         Ok((header, state))
     }
 
-    /// Size and shape: the header and MAC parts decoded, and where the state part lies in the
-    /// token; nothing authenticated yet.
+    /// Size and shape: the header and MAC parts decoded, the digests as many as the state
+    /// part has chunks, and where the state part lies in the token; nothing authenticated yet.
     fn split(&self, token: &str) -> Result<Signed, TokenRejection> {
         self.policy.check_size(token)?;
         let [header_part, state_part, mac_part] = split_parts(token)?;
         let header = decode_part(header_part)?;
-        let tag = decode_part(mac_part)?.try_into().map_err(|_| TokenRejection::Malformed)?;
+        let mut mac = decode_part(mac_part)?;
+        if mac.len() < MAC_BYTES || mac.len() % MAC_BYTES != 0 {
+            return Err(TokenRejection::Malformed);
+        }
+        let digests = mac.split_off(MAC_BYTES);
+        let tag = mac.try_into().map_err(|_| TokenRejection::Malformed)?;
+        let state_bytes = decoded_len(state_part.len()).ok_or(TokenRejection::Malformed)?;
+        if !digests.is_empty() && digests.len() != chunk_count(state_bytes) * MAC_BYTES {
+            return Err(TokenRejection::Malformed);
+        }
         let state_start = header_part.len() + 1;
-        Ok(Signed { header, tag, state_part: state_start..state_start + state_part.len() })
+        Ok(Signed { header, tag, digests, state_part: state_start..state_start + state_part.len() })
     }
 
-    /// The MAC of `token` (split into `signed`), then its header.
+    /// The MAC of `token` (split into `signed`), then its header, whose `alg` must name the
+    /// MAC's construction.
     fn verify(&self, token: &str, signed: &Signed) -> Result<TokenHeader, TokenRejection> {
-        // `header_part.state_part` is a prefix of the token: MAC it in place.
-        let covered = token.as_bytes().get(..signed.state_part.end).ok_or(TokenRejection::Malformed)?;
-        if !self.signature_matches(covered, &signed.tag) {
+        let (covered, algorithm): ([&[u8]; 2], _) = if signed.digests.is_empty() {
+            // `header_part.state_part` is a prefix of the token: MAC it in place.
+            let prefix = token.as_bytes().get(..signed.state_part.end).ok_or(TokenRejection::Malformed)?;
+            ([prefix, &[]], WHOLE_STATE_ALGORITHM)
+        } else {
+            // `header_part.` is a prefix of the token, the digests follow it.
+            let prefix = token.as_bytes().get(..signed.state_part.start).ok_or(TokenRejection::Malformed)?;
+            ([prefix, &signed.digests], TOKEN_ALGORITHM)
+        };
+        if !self.signature_matches(&covered, &signed.tag) {
             return Err(TokenRejection::BadSignature);
         }
-        envelope::parse_header(&signed.header, TOKEN_ALGORITHM)
+        envelope::parse_header(&signed.header, algorithm)
     }
 
     /// Constant-time check of `tag` under the current secret, then each previous secret.
-    fn signature_matches(&self, signed: &[u8], tag: &[u8]) -> bool {
+    fn signature_matches(&self, signed: &[&[u8]], tag: &[u8]) -> bool {
         std::iter::once(&self.signing).chain(self.previous.iter()).any(|key| {
             let mut mac = key.clone();
-            mac.update(signed);
+            for part in signed {
+                mac.update(part);
+            }
             mac.verify_slice(tag).is_ok()
         })
     }
 }
 
-/// The authentication of a token whose state [`SignedCodec::decode_deferred`] returned early.
-pub(crate) struct DeferredCheck {
-    codec: SignedCodec,
-    token: Arc<str>,
-    signed: Signed,
-    audience: String,
-    now: SystemTime,
+/// The state of a token that [`SignedCodec::open_chunked`] authenticated but for its state
+/// part, which is decoded and authenticated a chunk at a time as it is needed.
+#[derive(Debug)]
+pub(crate) struct ChunkedState {
+    /// Where the state part lies in the token.
+    state_part: Range<usize>,
+    /// The authenticated SHA-256 digest of each chunk, one after the other.
+    digests: Vec<u8>,
+    /// How many chunks are decoded and authenticated.
+    verified: usize,
+    /// Why a chunk was refused; every later call refuses with it.
+    refused: Option<TokenRejection>,
 }
 
-impl DeferredCheck {
-    /// The MAC, then the header, its audience and times.
+impl ChunkedState {
+    fn new(signed: Signed) -> Self {
+        ChunkedState { state_part: signed.state_part, digests: signed.digests, verified: 0, refused: None }
+    }
+
+    /// How many bytes the whole state has.
+    pub(crate) fn len(&self) -> usize {
+        decoded_len(self.state_part.len()).unwrap_or(0)
+    }
+
+    /// Decodes the next chunk of the state part of `token` (the token this was opened from),
+    /// appends it to `state` (which holds the chunks before it) and authenticates it; `false`
+    /// once every chunk is.
     ///
     /// # Errors
     ///
-    /// The rejection [`SignedCodec::decode`] would give the token.
-    pub(crate) fn verify(self) -> Result<(), TokenError> {
-        let header = match self.codec.verify(&self.token, &self.signed) {
-            Ok(header) => header,
-            // `decode` reports a malformed state part before a bad MAC.
-            Err(rejection) => {
-                return Err(decode_state_part(&self.token, self.signed.state_part).err().unwrap_or(rejection.into()));
-            }
+    /// [`TokenRejection::Malformed`] if the chunk is not strict base64url,
+    /// [`TokenRejection::BadSignature`] if it is not the chunk the token was signed with; then
+    /// the same error for every later call.
+    pub(crate) fn next_chunk(&mut self, token: &str, state: &mut Vec<u8>) -> Result<bool, TokenRejection> {
+        if let Some(refused) = self.refused {
+            return Err(refused);
+        }
+        let index = self.verified;
+        let Some(expected) = self.digests.get(index * MAC_BYTES..(index + 1) * MAC_BYTES) else {
+            return Ok(false);
         };
-        self.codec.policy.accept(&header, Some(&self.audience), self.now)?;
-        Ok(())
+        let start = self.state_part.start + index * CHUNK_CHARS;
+        let text = token.get(start..self.state_part.end.min(start + CHUNK_CHARS));
+        let decoded = state.len();
+        let checked = match text.map(|text| decode_part_append(text, state)) {
+            Some(Ok(())) if Sha256::digest(&state[decoded..]).as_slice() == expected => Ok(true),
+            Some(Ok(())) => Err(TokenRejection::BadSignature),
+            Some(Err(rejection)) => Err(rejection),
+            None => Err(TokenRejection::Malformed),
+        };
+        match checked {
+            Ok(_) => self.verified += 1,
+            Err(rejection) => self.refused = Some(rejection),
+        }
+        checked
     }
 }
 
-/// The bytes of the state part of `token` at `range` (as [`SignedCodec::decode_deferred`]
-/// gives it): strict base64url.
-///
-/// # Errors
-///
-/// [`TokenRejection::Malformed`] for anything else.
-pub(crate) fn decode_state_part(token: &str, range: Range<usize>) -> Result<Vec<u8>, TokenError> {
-    let part = token.get(range).ok_or(TokenRejection::Malformed)?;
-    Ok(decode_part(part)?)
+/// The SHA-256 digests of the chunks of `state`, one after the other (an empty state is one
+/// empty chunk).
+fn chunk_digests(state: &[u8]) -> Vec<u8> {
+    if state.is_empty() {
+        return Sha256::digest(state).to_vec();
+    }
+    state.chunks(CHUNK_BYTES).flat_map(Sha256::digest).collect()
+}
+
+/// How many chunks a state of `len` bytes has (an empty state has one).
+fn chunk_count(len: usize) -> usize {
+    len.div_ceil(CHUNK_BYTES).max(1)
+}
+
+/// The length of what `chars` characters of base64url (no padding) decode to; `None` for a
+/// length that no encoding has.
+fn decoded_len(chars: usize) -> Option<usize> {
+    match chars % 4 {
+        1 => None,
+        rest => Some(chars / 4 * 3 + rest.saturating_sub(1)),
+    }
 }
 
 /// What the MAC of a token covers and claims, decoded but not authenticated.
@@ -257,8 +344,10 @@ struct Signed {
     header: Vec<u8>,
     /// The decoded MAC.
     tag: [u8; MAC_BYTES],
-    /// Where the state part lies in the token; the MAC covers the token up to its end
-    /// (`header_part.state_part`).
+    /// The digests of the state's chunks; empty for a token of an earlier version, whose MAC
+    /// covers the whole state part.
+    digests: Vec<u8>,
+    /// Where the state part lies in the token.
     state_part: Range<usize>,
 }
 

@@ -31,7 +31,7 @@ use rquickjs::promise::PromiseState;
 use rquickjs::{Ctx, Function, Object, Promise, Value, qjs};
 use serde_json::Value as Json;
 use std::cell::{Cell, RefCell};
-use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::ffi::c_void;
 use std::rc::Rc;
 use std::sync::Arc;
@@ -268,7 +268,8 @@ struct Bridge<'js> {
     calls_made: u32,
     attempts: u32,
     next_settle: u32,
-    promises: HashMap<u32, (Function<'js>, Function<'js>)>,
+    /// The settle functions of the calls made and not settled yet, by call index.
+    promises: BTreeMap<u32, (Function<'js>, Function<'js>)>,
     held: Vec<u32>,
     ready: VecDeque<(u32, HostResult)>,
     in_flight: usize,
@@ -354,7 +355,7 @@ impl<'js> RunEnv<'js> {
             calls_made: 0,
             attempts: 0,
             next_settle: 0,
-            promises: HashMap::new(),
+            promises: BTreeMap::new(),
             held: Vec::new(),
             ready: VecDeque::new(),
             in_flight: 0,
@@ -489,9 +490,6 @@ impl<'js> RunEnv<'js> {
 /// it is used; the replay then starts from that head.
 fn take_over_continuation(job: &mut Job, deadline: Instant) -> Result<(), RunError> {
     let Some(streamed) = job.replay.streamed.as_mut() else { return Ok(()) };
-    if let Some(verify) = streamed.verify.take() {
-        verify()?;
-    }
     let head = streamed.feed.head(deadline)?;
     check_head(&head, &job.source_hash, &streamed.scope_hash, &job.limits)?;
     streamed.count = head.count;

@@ -79,6 +79,9 @@ pub(crate) struct Serializer<'a, 'js> {
 enum Segment {
     Key(String),
     Index(u32),
+    /// The root of the path of a host call's argument (`args[0]`), written out only when a
+    /// path is reported.
+    Argument(usize),
 }
 
 impl<'a, 'js> Serializer<'a, 'js> {
@@ -121,7 +124,7 @@ impl<'a, 'js> Serializer<'a, 'js> {
                 self.out.push(',');
             }
             self.path.clear();
-            self.path.push(Segment::Key(format!("args[{i}]")));
+            self.path.push(Segment::Argument(i));
             if arg.is_undefined() {
                 self.out.push_str("null");
             } else {
@@ -161,6 +164,9 @@ impl<'a, 'js> Serializer<'a, 'js> {
                 }
                 Segment::Index(n) => {
                     let _ = write!(s, "[{n}]");
+                }
+                Segment::Argument(n) => {
+                    let _ = write!(s, "args[{n}]");
                 }
             }
         }

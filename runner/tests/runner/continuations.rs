@@ -319,3 +319,30 @@ async fn a_large_state_wrong_at_its_end_is_refused_before_any_host_call() {
     }
     assert_eq!(tools.total(), before, "no wrong state reached a host function");
 }
+
+/// A large token with one character changed in its first or its last chunk of state, or in a
+/// digest: refused as forged, and no host function runs, although the worker may have replayed
+/// the chunks before the forged one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_large_token_forged_in_any_chunk_is_refused_before_any_host_call() {
+    let runner = runner();
+    let tools = Tools::default();
+    let first = suspended(&runner, RunRequest::new(LARGE_LEDGER).host(tools.host())).await;
+    let id = first.interruptions[0].id.clone();
+    let before = tools.total();
+    let token = first.continuation.clone();
+    let (state_start, state_end) = (token.find('.').unwrap() + 1, token.rfind('.').unwrap());
+    assert!(state_end - state_start > 2 * 65_536, "several chunks: {}", state_end - state_start);
+    for at in [state_start + 100, state_end - 100, token.len() - 20] {
+        let mut forged = token.clone().into_bytes();
+        forged[at] = if forged[at] == b'A' { b'B' } else { b'A' };
+        let forged = String::from_utf8(forged).unwrap();
+        let request = RunRequest::new(LARGE_LEDGER)
+            .host(tools.host())
+            .resume(forged, [Resolution::new(id.clone(), json!("yes"))]);
+        let err = error(&runner, request).await;
+        assert_code(&err, ErrorCode::ProtocolError);
+        assert!(err.message.contains("bad_signature"), "at {at}: {}", err.message);
+    }
+    assert_eq!(tools.total(), before, "no forged state reached a host function");
+}

@@ -46,10 +46,14 @@ fn legacy(state: &[u8]) -> Vec<u8> {
     out
 }
 
-/// A [`PACKED_FRAMES`] state that claims `total` bytes, with `frames` after the claim.
+/// A [`PACKED_FRAMES`] state that claims `total` bytes, with `frames` after the claim and
+/// their lengths.
 fn packed_state(total: u64, frames: &[&[u8]]) -> Vec<u8> {
     let mut out = vec![PACKED_FRAMES];
     hex_runs::push_uint(total, &mut out);
+    for frame in frames {
+        hex_runs::push_uint(frame.len() as u64, &mut out);
+    }
     for frame in frames {
         out.extend_from_slice(frame);
     }
@@ -90,15 +94,21 @@ fn round_trips() {
 /// A framed state is seen piece by piece as it decompresses, and progress can stop it early.
 #[test]
 fn framed_states_decompress_progressively() {
-    /// The length of what is decoded after each frame, checking it against `state`.
+    /// The length of what is decoded after each frame, checking it against `state`. A
+    /// packed state is given only as much of its input as each frame needs.
     fn frame_by_frame(packed: &[u8], state: &[u8]) -> Vec<usize> {
-        let mut decoder = FrameDecoder::new(packed, state.len()).unwrap();
+        let header =
+            if packed[0] == PACKED_FRAMES { header_len_bound(state.len()).min(packed.len()) } else { packed.len() };
+        let mut decoder = FrameDecoder::new(&packed[..header], packed.len(), state.len()).unwrap();
         assert_eq!(decoder.total(), state.len());
         let mut seen = Vec::new();
-        while let Some(so_far) = decoder.next_frame(packed).unwrap() {
+        while let Some(end) = decoder.next_frame_end() {
+            assert_eq!(decoder.next_frame(&packed[..end - 1]), Err(DecompressError::Corrupt), "a frame cut short");
+            let so_far = decoder.next_frame(&packed[..end]).unwrap().unwrap();
             assert_eq!(so_far, &state[..so_far.len()]);
             seen.push(so_far.len());
         }
+        assert_eq!(decoder.next_frame(packed), Ok(None));
         assert_eq!(decoder.into_output(), state);
         seen
     }
@@ -108,7 +118,7 @@ fn framed_states_decompress_progressively() {
         .collect();
     for packed in [compress(&state), legacy(&state)] {
         assert_eq!(frame_by_frame(&packed, &state), expected);
-        let mut first = FrameDecoder::new(&packed, state.len()).unwrap();
+        let mut first = FrameDecoder::new(&packed, packed.len(), state.len()).unwrap();
         first.next_frame(&packed).unwrap();
         assert_eq!(first.into_output(), &state[..FRAME_INPUT_BYTES]);
     }
@@ -117,6 +127,9 @@ fn framed_states_decompress_progressively() {
     assert_eq!(small[0], PACKED_FRAMES);
     assert_eq!(frame_by_frame(&small, &state[..1000]), [1000]);
     assert_eq!(frame_by_frame(&legacy(&state[..1000]), &state[..1000]), [1000]);
+    // Other formats need all of their input at once.
+    let earlier = legacy(&state);
+    assert_eq!(FrameDecoder::new(&earlier[..1000], earlier.len(), state.len()).err(), Some(DecompressError::Corrupt));
 }
 
 #[test]
@@ -169,7 +182,7 @@ fn hand_made_frames() {
     let piece = rle_frame(Some(FRAME_INPUT_BYTES as u64), FRAME_INPUT_BYTES as u32, b'z');
     let tail = rle_frame(Some(10), 10, b'z');
     let good = packed_state(FRAME_INPUT_BYTES as u64 + 10, &[&piece, &tail]);
-    assert_eq!(good.len(), 1 + 3 + 17 + 17);
+    assert_eq!(good.len(), 1 + 3 + 1 + 1 + 17 + 17);
     assert_eq!(decompress(&good, usize::MAX).unwrap(), vec![b'z'; FRAME_INPUT_BYTES + 10]);
     assert_eq!(decompress(&good, FRAME_INPUT_BYTES + 9), Err(DecompressError::TooLarge));
     let huge_claim = packed_state(1 << 40, &[&piece, &tail]);
@@ -185,6 +198,13 @@ fn hand_made_frames() {
     assert_eq!(decompress(&escaped, usize::MAX), Err(DecompressError::Corrupt), "FF FF is no escape");
     let too_big = packed_state(10, &[&rle_frame(Some(21), 21, b'z')]);
     assert_eq!(decompress(&too_big, usize::MAX), Err(DecompressError::Corrupt));
+    // Frame lengths that do not fill the input exactly.
+    let mut short = good.clone();
+    short[4] = 16;
+    assert_eq!(decompress(&short, usize::MAX), Err(DecompressError::Corrupt));
+    let mut zero = good.clone();
+    zero[4] = 0;
+    assert_eq!(decompress(&zero, usize::MAX), Err(DecompressError::Corrupt));
     let mut pairs = Vec::new();
     for _ in 0..10 {
         pairs.extend_from_slice(&[0xFF, 0]);
@@ -211,7 +231,7 @@ fn corrupt_and_unknown_inputs() {
     assert_eq!(current[0], PACKED_FRAMES);
     let mut current_trailing = current.clone();
     current_trailing.push(0);
-    let cases: [(&[u8], DecompressError); 19] = [
+    let cases: [(&[u8], DecompressError); 21] = [
         (&[], DecompressError::Corrupt),
         (&[ZSTD], DecompressError::Corrupt),
         (&[ZSTD, 1, 2, 3, 4, 5, 6, 7, 8], DecompressError::Corrupt),
@@ -226,6 +246,8 @@ fn corrupt_and_unknown_inputs() {
         (&frames[..frames.len() - 1], DecompressError::Corrupt),
         (&[PACKED_FRAMES], DecompressError::Corrupt),
         (&[PACKED_FRAMES, 0], DecompressError::Corrupt),
+        (&[PACKED_FRAMES, 100], DecompressError::Corrupt),
+        (&[PACKED_FRAMES, 100, 0x80], DecompressError::Corrupt),
         (&current[..current.len() - 1], DecompressError::Corrupt),
         (&current_trailing, DecompressError::Corrupt),
         (&current[..current.len() / 2], DecompressError::Corrupt),
@@ -337,6 +359,7 @@ proptest::proptest! {
             let mut bytes = vec![tag];
             if tag == PACKED_FRAMES {
                 hex_runs::push_uint(max_output as u64 / 2, &mut bytes);
+                hex_runs::push_uint(body.len() as u64 + 5, &mut bytes);
             }
             bytes.extend_from_slice(&MAGIC);
             bytes.push(descriptor);

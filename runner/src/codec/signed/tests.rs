@@ -35,7 +35,7 @@ fn canonical_header_matches_serde_json() {
     for aud in ["", AUD, "a\"b\\c", all_chars.as_str()] {
         let ours = canonical_header(aud, u64::MAX, 0, FIXED_NONCE);
         let theirs = serde_json::to_string(&Repr {
-            alg: "HS256",
+            alg: "HS256-CHUNKED",
             aud,
             exp: u64::MAX,
             fmt: TOKEN_FORMAT,
@@ -55,7 +55,7 @@ fn token_shape() {
     let parts: Vec<&str> = token.split('.').collect();
     assert_eq!(parts.len(), 3);
     assert!(token.bytes().all(|b| b == b'.' || super::is_base64url_byte(b)));
-    assert_eq!(parts[2].len(), MAC_CHARS);
+    assert_eq!(URL_SAFE_NO_PAD.decode(parts[2]).unwrap().len(), 2 * MAC_BYTES, "a tag and one digest");
     assert_eq!(URL_SAFE_NO_PAD.decode(parts[1]).unwrap(), b"hello");
     let header = String::from_utf8(URL_SAFE_NO_PAD.decode(parts[0]).unwrap()).unwrap();
     let (decoded, _) = codec.decode_unscoped(&token, now()).unwrap();
@@ -66,15 +66,81 @@ fn token_shape() {
     assert_eq!(
         header,
         format!(
-            r#"{{"alg":"HS256","aud":"{AUD}","exp":{},"fmt":"resumable-continuation","iat":{NOW},"nonce":"{}","v":1}}"#,
+            r#"{{"alg":"HS256-CHUNKED","aud":"{AUD}","exp":{},"fmt":"resumable-continuation","iat":{NOW},"nonce":"{}","v":1}}"#,
             NOW + HOUR,
             decoded.nonce
         )
     );
-    // The MAC is HMAC-SHA256 over the ASCII of `header.state`.
+    // The last part is the tag, HMAC-SHA256 over the ASCII of `header.` and the digests,
+    // then the digests: SHA-256 of each 48 KiB of state.
+    let digest = Sha256::digest(b"hello");
     let mut mac = HmacSha256::new_from_slice(SECRET_A).unwrap();
-    mac.update(format!("{}.{}", parts[0], parts[1]).as_bytes());
-    assert_eq!(URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes().as_slice()), parts[2]);
+    mac.update(format!("{}.", parts[0]).as_bytes());
+    mac.update(&digest);
+    let expected = [mac.finalize().into_bytes().as_slice(), digest.as_slice()].concat();
+    assert_eq!(URL_SAFE_NO_PAD.encode(expected), parts[2]);
+}
+
+/// A state of `n` chunks has `n` digests (an empty state one), and a token whose digests do not
+/// number its chunks is malformed.
+#[test]
+fn one_digest_per_chunk() {
+    let codec = codec(SECRET_A);
+    for (len, chunks) in [(0, 1), (1, 1), (CHUNK_BYTES, 1), (CHUNK_BYTES + 1, 2), (5 * CHUNK_BYTES, 5)] {
+        let state = SplitMix64(len as u64).bytes(len);
+        let token = codec.encode(&state, AUD, now());
+        let parts: Vec<&str> = token.split('.').collect();
+        let tail = URL_SAFE_NO_PAD.decode(parts[2]).unwrap();
+        assert_eq!(tail.len(), (1 + chunks) * MAC_BYTES, "{len} bytes");
+        for (index, digest) in tail[MAC_BYTES..].chunks(MAC_BYTES).enumerate() {
+            let chunk = &state[(index * CHUNK_BYTES).min(len)..((index + 1) * CHUNK_BYTES).min(len)];
+            assert_eq!(digest, Sha256::digest(chunk).as_slice());
+        }
+        assert_eq!(codec.decode(&token, AUD, now()).unwrap(), state);
+        for wrong in [&tail[..tail.len() - MAC_BYTES], &[&tail[..], &[0u8; MAC_BYTES]].concat()] {
+            let forged = format!("{}.{}.{}", parts[0], parts[1], URL_SAFE_NO_PAD.encode(wrong));
+            let expected =
+                if wrong.len() == MAC_BYTES { TokenRejection::BadSignature } else { TokenRejection::Malformed };
+            assert_eq!(
+                reason(codec.decode(&forged, AUD, now())),
+                expected,
+                "{len} bytes, {} digests",
+                wrong.len() / 32 - 1
+            );
+        }
+    }
+}
+
+/// Tokens of earlier versions, one MAC over `header.state` with `"alg":"HS256"`, are still
+/// verified; the MAC's construction and the header's `alg` must agree.
+#[test]
+fn whole_state_tokens_are_still_verified() {
+    let codec = codec(SECRET_A);
+    let whole_state = |alg: &str, state: &[u8]| {
+        let header = format!(
+            r#"{{"alg":"{alg}","aud":"{AUD}","exp":{},"fmt":"resumable-continuation","iat":{NOW},"nonce":"{FIXED_NONCE}","v":1}}"#,
+            NOW + HOUR
+        );
+        let signed = format!("{}.{}", URL_SAFE_NO_PAD.encode(header), URL_SAFE_NO_PAD.encode(state));
+        let mut mac = HmacSha256::new_from_slice(SECRET_A).unwrap();
+        mac.update(signed.as_bytes());
+        format!("{signed}.{}", URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes().as_slice()))
+    };
+    let state = SplitMix64(7).bytes(100_000);
+    let token = whole_state(WHOLE_STATE_ALGORITHM, &state);
+    assert_eq!(codec.decode(&token, AUD, now()).unwrap(), state);
+    assert_eq!(codec.open_chunked(&token, AUD, now()).unwrap().map(|_| ()), None, "decoded whole");
+    let mut tampered = token.into_bytes();
+    tampered[200] = if tampered[200] == b'A' { b'B' } else { b'A' };
+    assert_eq!(reason(codec.decode(&String::from_utf8(tampered).unwrap(), AUD, now())), TokenRejection::BadSignature);
+    // A whole-state MAC under the new `alg`, and the other way round: unsupported.
+    let mislabelled = whole_state(TOKEN_ALGORITHM, &state);
+    assert_eq!(reason(codec.decode(&mislabelled, AUD, now())), TokenRejection::UnsupportedFormat);
+    let token = codec.encode(&state, AUD, now());
+    let header = URL_SAFE_NO_PAD.decode(token.split('.').next().unwrap()).unwrap();
+    let relabelled = String::from_utf8(header).unwrap().replace(TOKEN_ALGORITHM, WHOLE_STATE_ALGORITHM);
+    let raw = codec.sign_parts(relabelled.as_bytes(), &state);
+    assert_eq!(reason(codec.decode(&raw, AUD, now())), TokenRejection::UnsupportedFormat);
 }
 
 #[test]
@@ -106,6 +172,7 @@ fn malformed_shapes() {
         format!("{h}.{s}./{}", &m[1..]),
         format!("{h}.{s}."),
         format!("{h}.{s}.{}", &m[..42]),
+        format!("{h}.{s}.{}", &m[..85]),
         format!("{h}.{s}.{m}AAAA"),
         format!("{h}.{s}.{m}A"),
         format!("{h}.{s}é.{m}"),
@@ -155,8 +222,15 @@ fn bad_signature() {
     let other_mac = other.rsplit('.').next().unwrap();
     let forged = format!("{}.{}.{other_mac}", parts[0], parts[1]);
     assert_eq!(reason(codec.decode(&forged, AUD, now())), TokenRejection::BadSignature);
-    // An all-zero MAC of the right length.
-    let forged = format!("{}.{}.{}", parts[0], parts[1], URL_SAFE_NO_PAD.encode([0u8; 32]));
+    // All-zero MACs of the right lengths, with and without a digest.
+    for len in [32, 64] {
+        let forged = format!("{}.{}.{}", parts[0], parts[1], URL_SAFE_NO_PAD.encode(vec![0u8; len]));
+        assert_eq!(reason(codec.decode(&forged, AUD, now())), TokenRejection::BadSignature);
+    }
+    // The right tag with a forged digest.
+    let mut tail = URL_SAFE_NO_PAD.decode(parts[2]).unwrap();
+    tail[40] ^= 1;
+    let forged = format!("{}.{}.{}", parts[0], parts[1], URL_SAFE_NO_PAD.encode(&tail));
     assert_eq!(reason(codec.decode(&forged, AUD, now())), TokenRejection::BadSignature);
     // A header that would be rejected for other reasons is never looked at without a MAC.
     let forged = format!("{}.{}.{}", URL_SAFE_NO_PAD.encode("{}"), parts[1], parts[2]);
@@ -188,41 +262,53 @@ proptest::proptest! {
     }
 }
 
-/// `decode_deferred`, then its check, then the state part: the state and the verdict, as
-/// `decode` gives them.
-fn deferred(codec: &SignedCodec, token: &str, audience: &str) -> Result<Vec<u8>, TokenError> {
-    let token: Arc<str> = token.into();
-    let (state_part, check) = codec.decode_deferred(&token, audience, now())?;
-    check.verify()?;
-    decode_state_part(&token, state_part)
+/// `open_chunked`, then the state part decoded and authenticated chunk by chunk, as a
+/// resume streams it: the state and the verdict, as `decode` gives them.
+fn chunked(codec: &SignedCodec, token: &str, audience: &str) -> Result<Vec<u8>, TokenError> {
+    let Some(mut chunked) = codec.open_chunked(token, audience, now())? else {
+        return codec.decode(token, audience, now());
+    };
+    let mut state = Vec::new();
+    while chunked.next_chunk(token, &mut state)? {
+        assert!(state.len() <= chunked.len());
+    }
+    assert_eq!(state.len(), chunked.len());
+    Ok(state)
 }
 
-/// Small and large tokens, valid, tampered, under another secret, expired, with a malformed
-/// state part, for the right and another audience: the state returned early and its deferred
-/// check answer exactly what `decode` answers.
+/// Small and large tokens, valid, tampered in their state or digests, under another secret,
+/// expired, with a malformed state part, for the right and another audience: opening them
+/// chunk by chunk answers exactly what `decode` answers.
 #[test]
-fn deferred_decoding_answers_as_decode_does() {
+fn chunked_opening_answers_as_decode_does() {
     let codec = codec(SECRET_A);
-    for size in [100, 200_000] {
+    for size in [0, 100, 200_000] {
         let state = SplitMix64(size as u64).bytes(size);
         let token = codec.encode(&state, AUD, now());
-        let inside_state = token.find('.').unwrap() + 10;
-        let mut tampered = token.clone().into_bytes();
-        tampered[inside_state] = if tampered[inside_state] == b'A' { b'B' } else { b'A' };
-        let mut malformed = tampered.clone();
-        malformed[inside_state] = b'!';
-        let tokens = [
+        let flip = |at: usize, to: u8| {
+            let mut bytes = token.clone().into_bytes();
+            bytes[at] = if bytes[at] == b'A' { to } else { b'A' };
+            String::from_utf8(bytes).unwrap()
+        };
+        let state_start = token.find('.').unwrap() + 1;
+        let last_digest = token.len() - 10;
+        let mut tokens = vec![
             token.clone(),
-            String::from_utf8(tampered).unwrap(),
+            flip(last_digest, b'B'),
             self::codec(SECRET_B).encode(&state, AUD, now()),
             codec.encode(&state, AUD, at(NOW - 2 * HOUR)),
-            String::from_utf8(malformed).unwrap(),
             "not.a.token".to_owned(),
         ];
+        if size > 0 {
+            tokens.extend([flip(state_start + 10, b'B'), flip(state_start + 10, b'!')]);
+        }
+        if size > CHUNK_BYTES {
+            tokens.push(flip(token.len() - 5000, b'B'));
+        }
         for token in tokens {
             for audience in [AUD, "another-audience"] {
                 assert_eq!(
-                    deferred(&codec, &token, audience),
+                    chunked(&codec, &token, audience),
                     codec.decode(&token, audience, now()),
                     "{size} bytes for {audience}"
                 );
