@@ -132,7 +132,8 @@ impl ContinuationState {
         if crc32fast::hash(body) != u32::from_le_bytes(*checksum) {
             return Err("state checksum mismatch".into());
         }
-        let mut parser = StateParser::new(bytes.len());
+        // Checked above, before anything is parsed.
+        let mut parser = StateParser::skipping_checksum(bytes.len());
         let mut head = None;
         let mut ledger = Vec::new();
         parser.advance(bytes, |item| match item {
@@ -192,8 +193,8 @@ pub(crate) struct StateParser {
     next_index: usize,
     /// Settle orders seen so far.
     settles: Vec<u32>,
-    /// Checksum of the bytes before `checked`.
-    crc: crc32fast::Hasher,
+    /// Checksum of the bytes before `checked`; `None` when the checksum is not checked.
+    crc: Option<crc32fast::Hasher>,
     checked: usize,
 }
 
@@ -206,16 +207,23 @@ impl StateParser {
             remaining: None,
             next_index: 1,
             settles: Vec::new(),
-            crc: crc32fast::Hasher::new(),
+            crc: Some(crc32fast::Hasher::new()),
             checked: 0,
         }
+    }
+
+    /// A parser for a state of `total` bytes whose checksum is already checked: it is skipped.
+    pub(crate) fn skipping_checksum(total: usize) -> Self {
+        StateParser { crc: None, ..StateParser::new(total) }
     }
 
     /// Reads every part that `available` (the first bytes of the state, more at each call)
     /// completes, handing each to `emit`.
     pub(crate) fn advance(&mut self, available: &[u8], mut emit: impl FnMut(Parsed)) -> Result<(), String> {
         let body = &available[..available.len().min(self.total.saturating_sub(4))];
-        self.crc.update(&body[self.checked.min(body.len())..]);
+        if let Some(crc) = &mut self.crc {
+            crc.update(&body[self.checked.min(body.len())..]);
+        }
         self.checked = self.checked.max(body.len());
         let complete = available.len() >= self.total;
         loop {
@@ -257,7 +265,7 @@ impl StateParser {
             return Err("trailing bytes after the state".into());
         }
         let checksum = u32::from_le_bytes(all[self.total - 4..].try_into().expect("four bytes"));
-        if self.crc.finalize() != checksum {
+        if self.crc.is_some_and(|crc| crc.finalize() != checksum) {
             return Err("state checksum mismatch".into());
         }
         self.settles.sort_unstable();
@@ -390,6 +398,18 @@ fn is_plain_json_string(text: &str) -> bool {
         })
 }
 
+/// Whether `bytes` are ASCII and a JSON string literal without escapes: the common case of
+/// [`is_plain_json_string`], told in one pass, without a separate UTF-8 validation.
+fn is_plain_ascii_json_string(bytes: &[u8]) -> bool {
+    bytes.len() >= 2
+        && bytes[0] == b'"'
+        && bytes[bytes.len() - 1] == b'"'
+        && bytes[1..bytes.len() - 1].chunks(64).all(|chunk| {
+            // No early exit inside a chunk, so the compiler can use vector instructions.
+            !chunk.iter().fold(false, |bad, &b| bad | !(0x20..0x80).contains(&b) | (b == b'"') | (b == b'\\'))
+        })
+}
+
 struct Reader<'a> {
     bytes: &'a [u8],
     pos: usize,
@@ -441,7 +461,13 @@ impl<'a> Reader<'a> {
     }
 
     fn json(&mut self) -> Result<&'a str, String> {
-        let text = self.text()?;
+        let len = usize::try_from(self.uint()?).map_err(|_| "length overflow")?;
+        let bytes = self.take(len)?;
+        if is_plain_ascii_json_string(bytes) {
+            // SAFETY: ASCII is valid UTF-8.
+            return Ok(unsafe { std::str::from_utf8_unchecked(bytes) });
+        }
+        let text = std::str::from_utf8(bytes).map_err(|_| "invalid UTF-8 in state")?;
         if !is_plain_json_string(text) {
             serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(|e| format!("invalid JSON in state: {e}"))?;
         }
@@ -537,8 +563,10 @@ mod tests {
         fn plain_json_strings_are_valid_json(inner in "(\\PC|[\"\\\\\u{0}-\u{1f}]){0,12}") {
             let text = format!("\"{inner}\"");
             if is_plain_json_string(&text) {
-                prop_assert_eq!(serde_json::from_str::<String>(&text).ok(), Some(inner));
+                prop_assert_eq!(serde_json::from_str::<String>(&text).ok(), Some(inner.clone()));
             }
+            // The ASCII check is the plain check for ASCII text, and never holds for other text.
+            prop_assert_eq!(is_plain_ascii_json_string(text.as_bytes()), text.is_ascii() && is_plain_json_string(&text));
         }
     }
 
@@ -546,7 +574,10 @@ mod tests {
     fn plain_json_strings() {
         for plain in ["\"\"", "\"abc\"", "\"é ✓\""] {
             assert!(is_plain_json_string(plain), "{plain}");
+            assert_eq!(is_plain_ascii_json_string(plain.as_bytes()), plain.is_ascii(), "{plain}");
         }
+        assert!(!is_plain_ascii_json_string(b"\"\x7f\x80\""));
+        assert!(is_plain_ascii_json_string(b"\"\x7f\""));
         for other in ["\"", "\"a\\\"b\"", "\"a\"b\"", "\"tab\there\"", "1", "\"open", "[\"a\"]", "\"\\u0041\""] {
             assert!(!is_plain_json_string(other), "{other}");
         }
