@@ -319,11 +319,12 @@ pub(crate) struct StateStream {
 impl StateStream {
     /// Decodes the state into the feed: its head, each frame's entries, then the verdict on the
     /// whole state. Each chunk of the token's state part is decoded and authenticated just
-    /// before a frame needs it, so nothing of a frame is used before it is authentic; and if a
-    /// chunk is refused, that is the verdict even when the state fails another check first, as
-    /// [`SignedCodec::decode`] would refuse the token before decompressing it. Stops early once
-    /// nobody listens. Returns the head, if it was read.
-    pub(crate) fn finish(self) -> Option<StateHead> {
+    /// before a frame needs it, so nothing of a frame is used before it is authentic. Every
+    /// chunk is authenticated in the end, even once nobody listens any more: returns the head,
+    /// if it was read, and the token's refusal if a chunk is forged, which is then the verdict
+    /// on the run whatever else failed first (as [`SignedCodec::decode`] would refuse the
+    /// token before decompressing it).
+    pub(crate) fn finish(self) -> (Option<StateHead>, Result<(), RunError>) {
         let StateStream { token, mut chunked, limit, feed } = self;
         let mut head = None;
         let state_len = chunked.len();
@@ -361,18 +362,26 @@ impl StateStream {
             while next_chunk(bytes)? {}
             parser.finish(&decoder.into_output()).map_err(rejected)
         };
-        let verdict = decode(&mut chunked, &mut bytes).map_err(|error| {
-            loop {
-                match chunked.next_chunk(&token, &mut bytes) {
-                    Ok(true) => {}
-                    Ok(false) => break error,
-                    Err(refused) => break rejection(refused),
-                }
-            }
-        });
-        let _ = feed.send(FeedItem::End(verdict));
-        head
+        let verdict = decode(&mut chunked, &mut bytes);
+        let authentic = authenticate_rest(&mut chunked, &token, &mut bytes);
+        let _ = feed.send(FeedItem::End(authentic.clone().and(verdict)));
+        (head, authentic)
     }
+
+    /// Authenticates the whole state without decoding it, for a run that fails before it
+    /// starts: the token's refusal if a chunk is forged.
+    pub(crate) fn authenticate(self) -> Result<(), RunError> {
+        let StateStream { token, mut chunked, .. } = self;
+        let mut bytes = Vec::with_capacity(chunked.len());
+        authenticate_rest(&mut chunked, &token, &mut bytes)
+    }
+}
+
+/// Decodes and authenticates the chunks of `chunked` not yet done (those before are in
+/// `bytes`): the token's refusal if one is forged.
+fn authenticate_rest(chunked: &mut ChunkedState, token: &str, bytes: &mut Vec<u8>) -> Result<(), RunError> {
+    while chunked.next_chunk(token, bytes).map_err(rejection)? {}
+    Ok(())
 }
 
 /// The refusal of a token.

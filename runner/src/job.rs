@@ -45,7 +45,7 @@ pub(crate) struct Replay {
     pub start_clock: f64,
     /// The recorded calls (none yet when `streamed`).
     pub ledger: Vec<LedgerEntry>,
-    /// A continuation that the worker authenticates, and receives while it is decoded
+    /// A continuation that the worker receives while it is authenticated and decoded
     /// (never sent to a worker process, which gets the whole ledger).
     #[serde(skip)]
     pub streamed: Option<Streamed>,

@@ -1,8 +1,9 @@
 //! The ledger of a continuation, handed to the worker while it is still being decoded.
 //!
-//! Resuming from a large token is mostly decompressing and decoding its ledger, then replaying
-//! it. With a feed the two overlap: the worker authenticates the token and starts the script
-//! while the caller's thread decodes, and each recorded call waits only for its own entry.
+//! Resuming from a large token is mostly authenticating, decompressing and decoding its
+//! ledger, then replaying it. With a feed the two overlap: the worker starts the script while
+//! the caller's thread authenticates and decodes the state, and each recorded call waits only
+//! for its own entry. Only authenticated entries are sent.
 //! Whatever the feed ends with (a checksum or settle order found wrong at the end, say) is
 //! known before the replay ends, so before any host function runs.
 

@@ -432,10 +432,14 @@ impl Runner {
             cache: self.inner.bytecode_cache,
             lookup: None,
         };
-        pool.submit(Task { job, reply })?;
-        // The worker authenticates the continuation and replays it while its rest is decoded here.
+        if let Err(error) = pool.submit(Task { job, reply }) {
+            // A forged state is refused as such.
+            return Err(rest.and_then(|rest| rest.authenticate().err()).unwrap_or(error));
+        }
+        // The worker replays the continuation while its state is authenticated and decoded here.
+        let mut authentic = Ok(());
         if let Some(rest) = rest {
-            *decoded = rest.finish();
+            (*decoded, authentic) = rest.finish();
         }
         let mut stop = StopOnDrop { abort, inbox: inbox_sender, armed: true };
         let cancel = request.cancel.clone().unwrap_or_default();
@@ -457,7 +461,8 @@ impl Runner {
             }
         };
         stop.armed = false;
-        result
+        // A forged chunk is the verdict, whatever the worker made of the authentic ones first.
+        authentic.and(result)
     }
 
     /// Verifies `token` (signature, expiry, store state) and describes its pending
@@ -479,8 +484,8 @@ impl Runner {
             return Ok((fresh_replay(request)?, None, None));
         };
         let codec = self.inner.codec.as_ref().ok_or_else(no_codec)?;
-        // Worker threads can authenticate and replay a continuation while it is decoded; a worker
-        // process gets it whole.
+        // A worker thread can replay a continuation while this thread authenticates and decodes
+        // its state; a worker process gets it whole.
         let overlap = matches!(self.inner.backend, Backend::Threads(_));
         match codec.open(token, &request.audience, limits, overlap).await? {
             Opened::Whole { state, claim } => match resumed_replay(state, request, limits, source, scope) {
@@ -493,7 +498,11 @@ impl Runner {
                 }
             },
             Opened::Streamed { feed, rest } => {
-                let resolutions = resolutions_of(request, None)?;
+                let resolutions = match resolutions_of(request, None) {
+                    Ok(resolutions) => resolutions,
+                    // A forged state is refused as such.
+                    Err(error) => return Err(rest.authenticate().err().unwrap_or(error)),
+                };
                 let streamed = Streamed { feed, scope_hash: *scope, count: 0 };
                 // The run id, seed and clock are the state's, which the worker reads from the
                 // feed once the token is authentic.

@@ -70,19 +70,20 @@
 //! 6. times, with `skew = clock_skew`: `now > exp + skew` is [`TokenRejection::Expired`],
 //!    `iat > now + skew` is [`TokenRejection::IssuedInFuture`], `now - iat > max_age + skew`
 //!    is [`TokenRejection::TooOld`];
-//! 7. the state part must be strict base64url ([`TokenRejection::Malformed`]), and each chunk
-//!    of it must have its digest ([`TokenRejection::BadSignature`]).
+//! 7. chunk by chunk, in order: the chunk's part of the state part must be strict base64url
+//!    ([`TokenRejection::Malformed`]), and the chunk must have its digest
+//!    ([`TokenRejection::BadSignature`]).
 //!
 //! Decoding never panics, whatever the input.
 //!
 //! When the runner resumes from a signed token on worker threads, it runs steps 1 to 6 before
 //! it hands the run to a worker, then decodes the state on its own thread while the worker
-//! replays: each frame of the compressed state is decompressed only once the chunks that hold
-//! it are authenticated, and only the ledger entries of such frames reach the worker. A
-//! forged chunk is reported as [`TokenRejection::BadSignature`] even when the state fails
-//! another check first, as [`SignedCodec::decode`] reports it. Reading the frames' headers
-//! before their chunks costs little and is bounded: [`decompress()`] never produces more than
-//! the continuation limit.
+//! replays: nothing of the compressed state is read before the chunks that hold it are
+//! authenticated, so only authentic ledger entries reach the worker. Every chunk is
+//! authenticated in the end, and a forged one is the run's verdict
+//! ([`TokenRejection::BadSignature`]) even when the run failed for another reason first (a
+//! limit, a resolution that answers nothing), as [`SignedCodec::decode`] would refuse the
+//! token before anything ran.
 //!
 //! # The sealed codec
 //!

@@ -141,6 +141,14 @@ pub fn forge(token: &str, edit: impl FnOnce(&mut Vec<u8>)) -> String {
     codec.encode(&compress(&state), &header.audience, now)
 }
 
+/// `token` with its character at `at` changed (to another base64url character): what anyone
+/// could forge, without the secret.
+pub fn with_char_changed(token: &str, at: usize) -> String {
+    let mut bytes = token.as_bytes().to_vec();
+    bytes[at] = if bytes[at] == b'A' { b'B' } else { b'A' };
+    String::from_utf8(bytes).expect("base64url stays ASCII")
+}
+
 /// [`forge`] replacing the first occurrence of `from` with `to`.
 pub fn forge_replacing(token: &str, from: &[u8], to: &[u8]) -> String {
     forge(token, |state| {

@@ -1,5 +1,7 @@
 use crate::common::*;
-use resumable_runner::{ErrorCode, Outcome, Resolution, RunRequest, Runner, RunnerConfig, Suspension};
+use resumable_runner::{
+    ErrorCode, Limit, LimitOverrides, Outcome, Resolution, RunRequest, Runner, RunnerConfig, Suspension,
+};
 use serde_json::{Value, json};
 
 async fn suspended(runner: &Runner, request: RunRequest) -> Suspension {
@@ -334,15 +336,46 @@ async fn a_large_token_forged_in_any_chunk_is_refused_before_any_host_call() {
     let (state_start, state_end) = (token.find('.').unwrap() + 1, token.rfind('.').unwrap());
     assert!(state_end - state_start > 2 * 65_536, "several chunks: {}", state_end - state_start);
     for at in [state_start + 100, state_end - 100, token.len() - 20] {
-        let mut forged = token.clone().into_bytes();
-        forged[at] = if forged[at] == b'A' { b'B' } else { b'A' };
-        let forged = String::from_utf8(forged).unwrap();
+        let forged = with_char_changed(&token, at);
         let request = RunRequest::new(LARGE_LEDGER)
             .host(tools.host())
             .resume(forged, [Resolution::new(id.clone(), json!("yes"))]);
         let err = error(&runner, request).await;
         assert_code(&err, ErrorCode::ProtocolError);
         assert!(err.message.contains("bad_signature"), "at {at}: {}", err.message);
+    }
+    assert_eq!(tools.total(), before, "no forged state reached a host function");
+}
+
+/// A large token forged in its last chunk, resumed in ways that fail for another reason while
+/// its first, authentic chunks are decoded and replayed (too few host calls allowed, a
+/// resolution that answers nothing, another source): refused as forged all the same.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_chunk_is_the_verdict_whatever_fails_first() {
+    let runner = runner();
+    let tools = Tools::default();
+    let first = suspended(&runner, RunRequest::new(LARGE_LEDGER).host(tools.host())).await;
+    let id = first.interruptions[0].id.clone();
+    let before = tools.total();
+    let last_chunk = first.continuation.rfind('.').unwrap() - 100;
+    let forged = with_char_changed(&first.continuation, last_chunk);
+    let few_calls = LimitOverrides::new().with(Limit::HostCalls, 5).unwrap();
+    let requests = [
+        RunRequest::new(LARGE_LEDGER)
+            .host(tools.host())
+            .limits(few_calls)
+            .resume(forged.clone(), [Resolution::new(id.clone(), json!("yes"))]),
+        RunRequest::new(LARGE_LEDGER)
+            .host(tools.host())
+            .resume(forged.clone(), [Resolution::new("interrupt-0", json!(1))]),
+        RunRequest::new(format!("{LARGE_LEDGER};"))
+            .host(tools.host())
+            .resume(forged.clone(), [Resolution::new(id.clone(), json!("yes"))]),
+    ];
+    for request in requests {
+        let err = error(&runner, request).await;
+        assert_code(&err, ErrorCode::ProtocolError);
+        assert!(err.message.contains("bad_signature"), "{}", err.message);
     }
     assert_eq!(tools.total(), before, "no forged state reached a host function");
 }

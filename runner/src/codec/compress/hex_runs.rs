@@ -157,12 +157,16 @@ pub(super) fn unpack(packed: &[u8], length: usize, out: &mut Vec<u8>) -> Result<
             .ok_or(DecompressError::Corrupt)?;
         let (run, after) = rest.split_at_checked(digits.div_ceil(2)).ok_or(DecompressError::Corrupt)?;
         rest = after;
-        hex_simd::encode_append(run, out, case);
-        if digits % 2 == 1 {
-            if run.last().is_some_and(|&byte| byte & 0x0F != 0) {
+        // An odd run's last byte holds one digit (and a low nibble of 0): written alone, so that
+        // nothing is written past `length`, not even for a moment.
+        let (pairs, last) = run.split_at(digits / 2);
+        hex_simd::encode_append(pairs, out, case);
+        if let [last] = last {
+            if last & 0x0F != 0 {
                 return Err(DecompressError::Corrupt);
             }
-            out.pop();
+            let digits = if case == AsciiCase::Lower { b"0123456789abcdef" } else { b"0123456789ABCDEF" };
+            out.push(digits[usize::from(last >> 4)]);
         }
     }
     if !rest.is_empty() || out.len() != end {
@@ -171,15 +175,21 @@ pub(super) fn unpack(packed: &[u8], length: usize, out: &mut Vec<u8>) -> Result<
     Ok(())
 }
 
-/// Reads an unsigned LEB128 integer of at most 64 bits from the start of `bytes`.
+/// Reads an unsigned LEB128 integer of at most 64 bits, in its shortest form, from the start
+/// of `bytes`.
 pub(super) fn read_uint(bytes: &mut &[u8]) -> Option<u64> {
     let mut value = 0u64;
     for shift in (0..64).step_by(7) {
         let (&byte, rest) = bytes.split_first()?;
         *bytes = rest;
-        value |= u64::from(byte & 0x7F).checked_shl(shift)?;
+        let bits = u64::from(byte & 0x7F);
+        if shift == 63 && bits > 1 {
+            return None;
+        }
+        value |= bits << shift;
         if byte & 0x80 == 0 {
-            return Some(value);
+            // A last byte of 0 after others would make a longer form of the same number.
+            return (byte != 0 || shift == 0).then_some(value);
         }
     }
     None
@@ -228,6 +238,41 @@ mod tests {
             let escapes = input.iter().filter(|&&b| b == ESCAPE).count();
             assert_eq!(out.len(), input.len() + escapes, "{input:?}");
             assert_eq!(unpacked(&out, input.len()).unwrap(), input);
+        }
+    }
+
+    #[test]
+    fn integers_have_one_form() {
+        for (bytes, expected) in [
+            (&[0u8][..], Some(0)),
+            (&[0x7F], Some(127)),
+            (&[0x80, 0x01], Some(128)),
+            (&[0x80, 0x00], None),
+            (&[0x80], None),
+            (&[0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01], Some(u64::MAX)),
+            (&[0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x02], None),
+            (&[0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x81, 0x00], None),
+        ] {
+            let mut rest = bytes;
+            assert_eq!(read_uint(&mut rest), expected, "{bytes:?}");
+            if let Some(value) = expected {
+                let mut written = Vec::new();
+                push_uint(value, &mut written);
+                assert_eq!(written, bytes);
+            }
+        }
+    }
+
+    /// Unpacking never writes past the length it was given, so an output reserved for exactly
+    /// that length is never reallocated.
+    #[test]
+    fn unpacking_stays_within_its_length() {
+        for input in [&b"0123456789abcdef0"[..], b"x0123456789ABCDEF0", b"0123456789abcdef01"] {
+            let packed = packed(input);
+            let mut out = Vec::with_capacity(input.len());
+            unpack(&packed, input.len(), &mut out).unwrap();
+            assert_eq!(out, input);
+            assert_eq!(out.capacity(), input.len(), "{input:?}");
         }
     }
 
