@@ -84,10 +84,14 @@ pub(super) fn pack(input: &[u8], out: &mut Vec<u8>) {
         push_literals(&input[literal_start..i], out);
         out.extend_from_slice(&[ESCAPE, mode]);
         push_uint(length as u64, out);
-        let run = &input[i..i + length];
-        let mut pairs = run.chunks_exact(2);
-        out.extend(pairs.by_ref().map(|pair| VALUE[pair[0] as usize] << 4 | VALUE[pair[1] as usize]));
-        if let [last] = pairs.remainder() {
+        let (pairs, last) = input[i..i + length].split_at(length / 2 * 2);
+        let start = out.len();
+        if hex_simd::decode_append(pairs, out).is_err() {
+            // Cannot happen (the run is hex digits); packed by hand all the same.
+            out.truncate(start);
+            out.extend(pairs.chunks_exact(2).map(|pair| VALUE[pair[0] as usize] << 4 | VALUE[pair[1] as usize]));
+        }
+        if let [last] = last {
             out.push(VALUE[*last as usize] << 4);
         }
         i += length;
