@@ -245,12 +245,13 @@ fn new_runner() -> Runner {
     Runner::new(config).expect("runner starts")
 }
 
-/// A tight loop of one workload, for profilers: `bench --profile trivial|calls|cpu N`.
+/// A tight loop of one workload, for profilers: `bench --profile trivial|calls|calls4k|cpu|interrupt|resume N`.
 async fn profile(workload: &str, n: usize) {
     let runner = new_runner();
     let (request, expected) = match workload {
         "trivial" => (RunRequest::new(TRIVIAL), json!(2)),
         "calls" => (RunRequest::new(CALLS_200_SMALL).host(host(false)), json!(19900)),
+        "calls4k" => (RunRequest::new(CALLS_200).host(host(true)), json!(CALLS_200_VALUE)),
         "cpu" => (RunRequest::new(CPU), json!(CPU_VALUE)),
         "interrupt" => {
             let hex = host(true);

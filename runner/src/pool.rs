@@ -132,6 +132,9 @@ const POLL_FOR_ANSWER: Duration = Duration::from_micros(100);
 /// decoding, and waking the caller then costs some 70 µs on a virtual machine.
 const POLL_WITH_SPARE_CORE: Duration = Duration::from_millis(2);
 
+/// Spin-loop hints between two polls for an answer on a spare core (about a microsecond).
+const SPIN_BETWEEN_POLLS: usize = 64;
+
 /// Waits for a worker's answer, polling for a moment first: most runs finish
 /// in less time than it takes to wake a sleeping executor thread.
 /// One caller of the pool polls at a time; the others wait to be woken at once.
@@ -141,16 +144,25 @@ const POLL_WITH_SPARE_CORE: Duration = Duration::from_millis(2);
 pub(crate) async fn answer_soon<T>(pool: &Pool, answer: &mut tokio::sync::oneshot::Receiver<T>) -> Option<T> {
     let started = Instant::now();
     let polling = Turn::take(&pool.pollers);
-    let keep_polling = || {
+    while polling.is_some() {
         let elapsed = started.elapsed();
-        elapsed < POLL_FOR_ANSWER || (elapsed < POLL_WITH_SPARE_CORE && pool.busy.load(Ordering::Relaxed) < pool.cores)
-    };
-    while polling.is_some() && keep_polling() {
+        let spare_core = pool.busy.load(Ordering::Relaxed) < pool.cores;
+        if elapsed >= POLL_FOR_ANSWER && !(elapsed < POLL_WITH_SPARE_CORE && spare_core) {
+            break;
+        }
         match answer.try_recv() {
             Ok(value) => return Some(value),
             Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {
-                // Lets other threads of this core run (the worker may be one), then other tasks.
-                thread::yield_now();
+                if elapsed < POLL_FOR_ANSWER {
+                    // Lets other threads of this core run (the worker may be one).
+                    thread::yield_now();
+                } else {
+                    // On a core of its own: wait without system calls, lightly for a core
+                    // that shares its execution units with the worker's.
+                    for _ in 0..SPIN_BETWEEN_POLLS {
+                        std::hint::spin_loop();
+                    }
+                }
                 tokio::task::yield_now().await;
             }
             // A closed receiver may not be awaited again (tokio panics): answer here.
