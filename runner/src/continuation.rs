@@ -2,8 +2,8 @@
 
 use crate::codec::compress::{FrameDecoder, PACKED_FRAMES, header_len_bound};
 use crate::codec::{
-    ChunkedState, DecompressError, SealedCodec, SignedCodec, TokenError, TokenHeader, TokenRejection, compress,
-    decompress,
+    ChunkedState, DecompressError, SealedCodec, SignedCodec, SignedState, TokenError, TokenHeader, TokenRejection,
+    compress, decompress,
 };
 use crate::error::{ErrorCode, RunError};
 use crate::ledger_feed::{FeedItem, FeedSender, LedgerFeed};
@@ -226,13 +226,15 @@ impl ContinuationCodec {
         let now = SystemTime::now();
         let decoded = match self {
             ContinuationCodec::Signed(codec) if overlap => {
-                if let Some(chunked) = codec.open_chunked(token, audience, now).map_err(token_error)? {
-                    let (feed, receiver) = LedgerFeed::new();
-                    let limit = limits.usize(Limit::Continuation);
-                    let rest = StateStream { token: Arc::clone(token), chunked, limit, feed };
-                    return Ok(Opened::Streamed { feed: receiver, rest });
+                match codec.open(token, audience, now).map_err(token_error)? {
+                    SignedState::Chunked(chunked) => {
+                        let (feed, receiver) = LedgerFeed::new();
+                        let limit = limits.usize(Limit::Continuation);
+                        let rest = StateStream { token: Arc::clone(token), chunked, limit, feed };
+                        return Ok(Opened::Streamed { feed: receiver, rest });
+                    }
+                    SignedState::Decoded(state) => Ok(state),
                 }
-                codec.decode(token, audience, now)
             }
             ContinuationCodec::Signed(codec) => codec.decode(token, audience, now),
             ContinuationCodec::Sealed(codec) => codec.decode(token, audience, now),
@@ -359,7 +361,7 @@ impl StateStream {
                     return Ok(());
                 }
             }
-            while next_chunk(bytes)? {}
+            // The frames fill the state part: every chunk is in now.
             parser.finish(&decoder.into_output()).map_err(rejected)
         };
         let verdict = decode(&mut chunked, &mut bytes);

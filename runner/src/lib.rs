@@ -10,6 +10,7 @@ mod event;
 mod event_queue;
 mod handle;
 mod job;
+mod leb128;
 mod ledger_feed;
 mod limits;
 mod link;

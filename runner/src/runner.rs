@@ -505,7 +505,7 @@ impl Runner {
                 };
                 let streamed = Streamed { feed, scope_hash: *scope, count: 0 };
                 // The run id, seed and clock are the state's, which the worker reads from the
-                // feed once the token is authentic.
+                // head that arrives first in the feed.
                 let replay = Replay {
                     logical_run_id: Arc::from(""),
                     seed: 0,

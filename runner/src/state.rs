@@ -13,6 +13,8 @@
 
 use std::sync::Arc;
 
+use crate::leb128::{self, Leb128Error};
+
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
@@ -366,16 +368,8 @@ fn check_function_name(name: &str) -> Result<(), String> {
 struct Writer(Vec<u8>);
 
 impl Writer {
-    fn uint(&mut self, mut v: u64) {
-        loop {
-            let byte = (v & 0x7f) as u8;
-            v >>= 7;
-            if v == 0 {
-                self.0.push(byte);
-                return;
-            }
-            self.0.push(byte | 0x80);
-        }
+    fn uint(&mut self, value: u64) {
+        leb128::push(value, &mut self.0);
     }
 
     fn text(&mut self, s: &str) {
@@ -388,25 +382,25 @@ impl Writer {
 /// quote, backslash or control character, then a quote. Host results are often such strings,
 /// and this check is much cheaper than a JSON parser's.
 fn is_plain_json_string(text: &str) -> bool {
-    let bytes = text.as_bytes();
-    bytes.len() >= 2
-        && bytes[0] == b'"'
-        && bytes[bytes.len() - 1] == b'"'
-        && bytes[1..bytes.len() - 1].chunks(64).all(|chunk| {
-            // No early exit inside a chunk, so the compiler can use vector instructions.
-            !chunk.iter().fold(false, |bad, &b| bad | (b < 0x20) | (b == b'"') | (b == b'\\'))
-        })
+    is_unescaped_json_string(text.as_bytes(), false)
 }
 
 /// Whether `bytes` are ASCII and a JSON string literal without escapes: the common case of
 /// [`is_plain_json_string`], told in one pass, without a separate UTF-8 validation.
 fn is_plain_ascii_json_string(bytes: &[u8]) -> bool {
+    is_unescaped_json_string(bytes, true)
+}
+
+/// [`is_plain_json_string`], refusing any byte above ASCII too when `ascii_only`.
+#[inline(always)]
+fn is_unescaped_json_string(bytes: &[u8], ascii_only: bool) -> bool {
+    let limit = if ascii_only { 0x80 } else { 0x100 };
     bytes.len() >= 2
         && bytes[0] == b'"'
         && bytes[bytes.len() - 1] == b'"'
         && bytes[1..bytes.len() - 1].chunks(64).all(|chunk| {
             // No early exit inside a chunk, so the compiler can use vector instructions.
-            !chunk.iter().fold(false, |bad, &b| bad | !(0x20..0x80).contains(&b) | (b == b'"') | (b == b'\\'))
+            !chunk.iter().fold(false, |bad, &b| bad | (b < 0x20) | (u16::from(b) >= limit) | (b == b'"') | (b == b'\\'))
         })
 }
 
@@ -437,22 +431,21 @@ impl<'a> Reader<'a> {
     }
 
     fn uint(&mut self) -> Result<u64, String> {
-        let mut value = 0u64;
-        for shift in (0..64).step_by(7) {
-            let byte = self.byte()?;
-            let bits = (byte & 0x7f) as u64;
-            if shift == 63 && bits > 1 {
-                return Err("integer overflow in state".into());
+        let mut rest = self.bytes.get(self.pos..).unwrap_or_default();
+        let available = rest.len();
+        match leb128::read(&mut rest) {
+            Ok(value) => {
+                self.pos += available - rest.len();
+                Ok(value)
             }
-            value |= bits << shift;
-            if byte & 0x80 == 0 {
-                if byte == 0 && shift > 0 {
-                    return Err("non-canonical integer in state".into());
-                }
-                return Ok(value);
+            Err(Leb128Error::Truncated) => {
+                // Marks the reader as out of bytes (see `ran_out`).
+                self.pos = self.bytes.len() + 1;
+                Err("state is truncated".into())
             }
+            Err(Leb128Error::Overflow) => Err("integer overflow in state".into()),
+            Err(Leb128Error::NonCanonical) => Err("non-canonical integer in state".into()),
         }
-        Err("integer overflow in state".into())
     }
 
     fn text(&mut self) -> Result<&'a str, String> {

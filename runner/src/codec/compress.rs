@@ -50,6 +50,7 @@ use std::ops::Range;
 use zstd::zstd_safe;
 
 use super::error::{TokenError, TokenRejection};
+use crate::leb128;
 
 mod hex_runs;
 
@@ -152,9 +153,9 @@ fn compress_with_level(state: &[u8], level: i32) -> Vec<u8> {
         let frames = frames.into_inner();
         let mut out = Vec::with_capacity(1 + 10 * (1 + lengths.len()) + frames.len());
         out.push(PACKED_FRAMES);
-        hex_runs::push_uint(state.len() as u64, &mut out);
+        leb128::push(state.len() as u64, &mut out);
         for &len in &lengths {
-            hex_runs::push_uint(len as u64, &mut out);
+            leb128::push(len as u64, &mut out);
         }
         out.extend_from_slice(&frames);
         if compressed && out.len() <= state.len() {
@@ -237,14 +238,15 @@ impl FrameDecoder {
         if tag != PACKED_FRAMES && available.len() != input_len {
             return Err(DecompressError::Corrupt);
         }
-        let bytes = available;
         let frames = match tag {
             STORED => {
-                let length = bytes.len() as u64 - 1;
-                vec![Frame { range: 1..bytes.len(), declared: Some(length), length }]
+                let length = available.len() as u64 - 1;
+                vec![Frame { range: 1..available.len(), declared: Some(length), length }]
             }
-            ZSTD => vec![declared_frame(bytes, 1..bytes.len())?],
-            ZSTD_FRAMES => split_frames(bytes, 1).filter(|frames| frames.len() >= 2).ok_or(DecompressError::Corrupt)?,
+            ZSTD => vec![declared_frame(available, 1..available.len())?],
+            ZSTD_FRAMES => {
+                split_frames(available, 1).filter(|frames| frames.len() >= 2).ok_or(DecompressError::Corrupt)?
+            }
             PACKED_FRAMES => packed_frames(available, input_len, max_output)?,
             _ => return Err(DecompressError::UnknownFormat),
         };
@@ -255,12 +257,8 @@ impl FrameDecoder {
         if total > u64::try_from(max_output).unwrap_or(u64::MAX) {
             return Err(DecompressError::TooLarge);
         }
-        // A frame that declares more than its bytes can decode to is a lie.
-        let lies = |frame: &Frame| {
-            frame.declared.is_some_and(|declared| {
-                declared > u64::try_from(frame.range.len()).unwrap_or(u64::MAX).saturating_mul(MAX_EXPANSION)
-            })
-        };
+        let lies =
+            |frame: &Frame| frame.declared.is_some_and(|declared| exceeds_expansion(declared, frame.range.len()));
         if tag != STORED && frames.iter().any(lies) {
             return Err(DecompressError::Corrupt);
         }
@@ -307,7 +305,7 @@ impl FrameDecoder {
         // A packed piece is at most twice as long as the piece, and a frame cannot decode to
         // more than its bytes allow.
         let declared = match zstd_safe::get_frame_content_size(frame) {
-            Ok(Some(size)) if size <= 2 * length && size <= frame.len() as u64 * MAX_EXPANSION => size,
+            Ok(Some(size)) if size <= 2 * length && !exceeds_expansion(size, frame.len()) => size,
             _ => return Err(DecompressError::Corrupt),
         };
         self.packed.get_mut().clear();
@@ -334,6 +332,12 @@ impl fmt::Debug for FrameDecoder {
     }
 }
 
+/// Whether a frame of `frame_len` bytes that declares `declared` bytes of content lies: it
+/// declares more than its bytes can decode to.
+fn exceeds_expansion(declared: u64, frame_len: usize) -> bool {
+    declared > u64::try_from(frame_len).unwrap_or(u64::MAX).saturating_mul(MAX_EXPANSION)
+}
+
 /// Decompresses one zstd `frame` that declared `declared` bytes, appending them to `out`.
 fn decompress_frame(
     context: &mut zstd_safe::DCtx<'static>,
@@ -356,7 +360,7 @@ fn decompress_frame(
 /// [`FRAME_INPUT_BYTES`] of state. The frames must fill the rest of the input exactly.
 fn packed_frames(bytes: &[u8], input_len: usize, max_output: usize) -> Result<Vec<Frame>, DecompressError> {
     let mut rest = &bytes[1..];
-    let total = hex_runs::read_uint(&mut rest).ok_or(DecompressError::Corrupt)?;
+    let total = leb128::read(&mut rest).map_err(|_| DecompressError::Corrupt)?;
     if total > u64::try_from(max_output).unwrap_or(u64::MAX) {
         return Err(DecompressError::TooLarge);
     }
@@ -367,7 +371,7 @@ fn packed_frames(bytes: &[u8], input_len: usize, max_output: usize) -> Result<Ve
     }
     let mut lengths = Vec::with_capacity(count.min(rest.len()));
     for _ in 0..count {
-        let len = hex_runs::read_uint(&mut rest).and_then(|len| usize::try_from(len).ok());
+        let len = leb128::read(&mut rest).ok().and_then(|len| usize::try_from(len).ok());
         lengths.push(len.filter(|&len| len > 0).ok_or(DecompressError::Corrupt)?);
     }
     let mut start = bytes.len() - rest.len();

@@ -99,7 +99,7 @@ pub(super) fn decode_part(part: &str) -> Result<Vec<u8>, TokenRejection> {
 /// Like [`decode_part`], into `buf` (cleared first), reusing its allocation.
 pub(super) fn decode_part_into(part: &str, buf: &mut Vec<u8>) -> Result<(), TokenRejection> {
     buf.clear();
-    URL_SAFE_NO_PAD.decode_append(part, buf).map_err(|_| TokenRejection::Malformed)
+    decode_part_append(part, buf)
 }
 
 /// Like [`decode_part`], appending to `buf`; on failure `buf` may hold part of the output.

@@ -148,7 +148,7 @@ pub use config::CodecConfig;
 pub use envelope::{MIN_SECRET_BYTES, TOKEN_FORMAT, TOKEN_VERSION, TokenHeader};
 pub use error::{CodecConfigError, TokenError, TokenRejection};
 pub use sealed::{SEALED_TOKEN_ALGORITHM, SealedCodec, SealedCodecConfig};
-pub(crate) use signed::ChunkedState;
+pub(crate) use signed::{ChunkedState, SignedState};
 pub use signed::{SignedCodec, SignedCodecConfig, TOKEN_ALGORITHM};
 
 #[cfg(test)]

@@ -158,52 +158,56 @@ impl SignedCodec {
         out
     }
 
-    /// Authenticates everything of `token` but its state at once (shape, MAC, header,
-    /// audience and times), and returns the state's place in the token with the digests that
-    /// authenticate it chunk by chunk, for a reader that uses the start of a large state while
-    /// the rest is still being decoded ([`ChunkedState`]). `None` for a token of an earlier
-    /// version, whose single MAC covers the whole state: [`decode`](Self::decode) it.
+    /// Verifies `token` for `audience` at time `now`, like [`decode`](Self::decode), but leaves
+    /// the state of a current token to be decoded and authenticated chunk by chunk
+    /// ([`SignedState::Chunked`]), for a reader that uses the start of a large state while the
+    /// rest is still being decoded. A token of an earlier version, whose single MAC covers the
+    /// whole state, comes decoded.
     ///
     /// # Errors
     ///
-    /// The rejection [`decode`](Self::decode) gives the token, except for those of its state
-    /// part, which [`ChunkedState`] gives.
-    pub(crate) fn open_chunked(
-        &self,
-        token: &str,
-        audience: &str,
-        now: SystemTime,
-    ) -> Result<Option<ChunkedState>, TokenError> {
-        let signed = self.split(token)?;
-        if signed.digests.is_empty() {
-            return Ok(None);
-        }
-        let header = self.verify(token, &signed)?;
-        self.policy.accept(&header, Some(audience), now)?;
-        Ok(Some(ChunkedState::new(signed)))
+    /// The rejection [`decode`](Self::decode) gives the token, except for those of the chunks
+    /// of its state, which [`ChunkedState`] gives.
+    pub(crate) fn open(&self, token: &str, audience: &str, now: SystemTime) -> Result<SignedState, TokenError> {
+        Ok(self.verify_all_but_chunks(token, Some(audience), now)?.1)
     }
 
     /// Size, shape, MAC, header, then (with `audience`, unless `None`) audience and times, then
-    /// the state; a token of an earlier version has its state part decoded before its MAC.
+    /// the state.
     fn authenticate(
         &self,
         token: &str,
         audience: Option<&str>,
         now: SystemTime,
     ) -> Result<(TokenHeader, Vec<u8>), TokenError> {
+        let (header, state) = self.verify_all_but_chunks(token, audience, now)?;
+        let state = match state {
+            SignedState::Decoded(state) => state,
+            SignedState::Chunked(mut chunked) => {
+                let mut state = Vec::with_capacity(chunked.len());
+                while chunked.next_chunk(token, &mut state)? {}
+                state
+            }
+        };
+        Ok((header, state))
+    }
+
+    /// Everything [`authenticate`](Self::authenticate) checks but the chunks of a current
+    /// token's state; a token of an earlier version has its state part decoded before its MAC.
+    fn verify_all_but_chunks(
+        &self,
+        token: &str,
+        audience: Option<&str>,
+        now: SystemTime,
+    ) -> Result<(TokenHeader, SignedState), TokenError> {
         let signed = self.split(token)?;
-        let state_part = &token[signed.state_part.clone()];
-        if signed.digests.is_empty() {
-            let state = decode_part(state_part)?;
-            let header = self.verify(token, &signed)?;
-            self.policy.accept(&header, audience, now)?;
-            return Ok((header, state));
-        }
-        let header = self.verify(token, &signed)?;
+        let (header, state) = if signed.digests.is_empty() {
+            let state = decode_part(&token[signed.state_part.clone()])?;
+            (self.verify(token, &signed)?, SignedState::Decoded(state))
+        } else {
+            (self.verify(token, &signed)?, SignedState::Chunked(ChunkedState::new(signed)))
+        };
         self.policy.accept(&header, audience, now)?;
-        let mut chunked = ChunkedState::new(signed);
-        let mut state = Vec::with_capacity(chunked.len());
-        while chunked.next_chunk(token, &mut state)? {}
         Ok((header, state))
     }
 
@@ -257,7 +261,16 @@ impl SignedCodec {
     }
 }
 
-/// The state of a token that [`SignedCodec::open_chunked`] authenticated but for its state
+/// The state of a token that [`SignedCodec::open`] verified.
+#[derive(Debug)]
+pub(crate) enum SignedState {
+    /// Decoded and authenticated (a token of an earlier version).
+    Decoded(Vec<u8>),
+    /// Still to decode and authenticate, chunk by chunk.
+    Chunked(ChunkedState),
+}
+
+/// The state of a token that [`SignedCodec::open`] authenticated but for its state
 /// part, which is decoded and authenticated a chunk at a time as it is needed.
 #[derive(Debug)]
 pub(crate) struct ChunkedState {

@@ -64,7 +64,7 @@ pub(crate) fn execute(engine: &mut Engine, job: &mut Job) -> Result<RawOutcome, 
         StackGuard::paint(stack_pointer() - stack_size)
     };
     engine.guard.arm(deadline, job.limits.cpu_time(), job.abort.clone(), stack);
-    // The engine is ready; the script waits until the continuation is authentic.
+    // The engine is ready; the script waits for the continuation's head.
     if let Err(error) = take_over_continuation(job, deadline) {
         engine.guard.disarm();
         return Err(error);
@@ -486,8 +486,8 @@ impl<'js> RunEnv<'js> {
     }
 }
 
-/// Authenticates a streamed continuation, then reads and checks its head, before anything of
-/// it is used; the replay then starts from that head.
+/// Reads and checks the head of a streamed continuation (authenticated by the thread that
+/// decodes it) before anything of it is used; the replay then starts from that head.
 fn take_over_continuation(job: &mut Job, deadline: Instant) -> Result<(), RunError> {
     let Some(streamed) = job.replay.streamed.as_mut() else { return Ok(()) };
     let head = streamed.feed.head(deadline)?;

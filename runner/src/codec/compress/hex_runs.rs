@@ -19,6 +19,7 @@
 use hex_simd::AsciiCase;
 
 use super::DecompressError;
+use crate::leb128;
 
 /// The shortest run of hex digits that is packed: shorter runs save too little to be worth
 /// the 3 or 4 bytes a run costs.
@@ -83,15 +84,10 @@ pub(super) fn pack(input: &[u8], out: &mut Vec<u8>) {
         }
         push_literals(&input[literal_start..i], out);
         out.extend_from_slice(&[ESCAPE, mode]);
-        push_uint(length as u64, out);
-        let (pairs, last) = input[i..i + length].split_at(length / 2 * 2);
-        let start = out.len();
-        if hex_simd::decode_append(pairs, out).is_err() {
-            // Cannot happen (the run is hex digits); packed by hand all the same.
-            out.truncate(start);
-            out.extend(pairs.chunks_exact(2).map(|pair| VALUE[pair[0] as usize] << 4 | VALUE[pair[1] as usize]));
-        }
-        if let [last] = last {
+        leb128::push(length as u64, out);
+        let mut pairs = input[i..i + length].chunks_exact(2);
+        out.extend(pairs.by_ref().map(|pair| VALUE[pair[0] as usize] << 4 | VALUE[pair[1] as usize]));
+        if let [last] = pairs.remainder() {
             out.push(VALUE[*last as usize] << 4);
         }
         i += length;
@@ -113,14 +109,6 @@ fn push_literals(mut bytes: &[u8], out: &mut Vec<u8>) {
         bytes = &bytes[at + 1..];
     }
     out.extend_from_slice(bytes);
-}
-
-pub(super) fn push_uint(mut value: u64, out: &mut Vec<u8>) {
-    while value >= 0x80 {
-        out.push(value as u8 | 0x80);
-        value >>= 7;
-    }
-    out.push(value as u8);
 }
 
 /// Appends to `out` what `packed` (the output of [`pack`]) unpacks to, which must be exactly
@@ -155,7 +143,8 @@ pub(super) fn unpack(packed: &[u8], length: usize, out: &mut Vec<u8>) -> Result<
             UPPER => AsciiCase::Upper,
             _ => return Err(DecompressError::Corrupt),
         };
-        let digits = read_uint(&mut rest)
+        let digits = leb128::read(&mut rest)
+            .ok()
             .and_then(|n| usize::try_from(n).ok())
             .filter(|&n| n >= MIN_RUN && n <= end - out.len())
             .ok_or(DecompressError::Corrupt)?;
@@ -177,26 +166,6 @@ pub(super) fn unpack(packed: &[u8], length: usize, out: &mut Vec<u8>) -> Result<
         return Err(DecompressError::Corrupt);
     }
     Ok(())
-}
-
-/// Reads an unsigned LEB128 integer of at most 64 bits, in its shortest form, from the start
-/// of `bytes`.
-pub(super) fn read_uint(bytes: &mut &[u8]) -> Option<u64> {
-    let mut value = 0u64;
-    for shift in (0..64).step_by(7) {
-        let (&byte, rest) = bytes.split_first()?;
-        *bytes = rest;
-        let bits = u64::from(byte & 0x7F);
-        if shift == 63 && bits > 1 {
-            return None;
-        }
-        value |= bits << shift;
-        if byte & 0x80 == 0 {
-            // A last byte of 0 after others would make a longer form of the same number.
-            return (byte != 0 || shift == 0).then_some(value);
-        }
-    }
-    None
 }
 
 #[cfg(test)]
@@ -242,28 +211,6 @@ mod tests {
             let escapes = input.iter().filter(|&&b| b == ESCAPE).count();
             assert_eq!(out.len(), input.len() + escapes, "{input:?}");
             assert_eq!(unpacked(&out, input.len()).unwrap(), input);
-        }
-    }
-
-    #[test]
-    fn integers_have_one_form() {
-        for (bytes, expected) in [
-            (&[0u8][..], Some(0)),
-            (&[0x7F], Some(127)),
-            (&[0x80, 0x01], Some(128)),
-            (&[0x80, 0x00], None),
-            (&[0x80], None),
-            (&[0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x01], Some(u64::MAX)),
-            (&[0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x02], None),
-            (&[0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0xFF, 0x81, 0x00], None),
-        ] {
-            let mut rest = bytes;
-            assert_eq!(read_uint(&mut rest), expected, "{bytes:?}");
-            if let Some(value) = expected {
-                let mut written = Vec::new();
-                push_uint(value, &mut written);
-                assert_eq!(written, bytes);
-            }
         }
     }
 

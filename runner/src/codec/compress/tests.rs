@@ -50,9 +50,9 @@ fn legacy(state: &[u8]) -> Vec<u8> {
 /// their lengths.
 fn packed_state(total: u64, frames: &[&[u8]]) -> Vec<u8> {
     let mut out = vec![PACKED_FRAMES];
-    hex_runs::push_uint(total, &mut out);
+    crate::leb128::push(total, &mut out);
     for frame in frames {
-        hex_runs::push_uint(frame.len() as u64, &mut out);
+        crate::leb128::push(frame.len() as u64, &mut out);
     }
     for frame in frames {
         out.extend_from_slice(frame);
@@ -358,8 +358,8 @@ proptest::proptest! {
         for tag in [ZSTD, PACKED_FRAMES] {
             let mut bytes = vec![tag];
             if tag == PACKED_FRAMES {
-                hex_runs::push_uint(max_output as u64 / 2, &mut bytes);
-                hex_runs::push_uint(body.len() as u64 + 5, &mut bytes);
+                crate::leb128::push(max_output as u64 / 2, &mut bytes);
+                crate::leb128::push(body.len() as u64 + 5, &mut bytes);
             }
             bytes.extend_from_slice(&MAGIC);
             bytes.push(descriptor);
