@@ -8,6 +8,7 @@ use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use resumable_runner::{ClaimId, ContinuationStore, StoreError, StoreFuture, StoredContinuation};
 
 use crate::db::{AppDb, DbError, Row, duration_ms, from_ms, now_ms, to_ms};
+use crate::fault::{self, FaultPoint};
 
 /// A [`ContinuationStore`] on the application database. Every operation is one atomic statement
 /// whose conditions decide (a claim is exclusive while unexpired; only the current claim consumes
@@ -39,10 +40,14 @@ impl SqlContinuationStore {
         SqlContinuationStore { db }
     }
 
-    /// Makes a consumed continuation resumable again, for the server-side owner of a token whose
-    /// resume was interrupted by a crash before its outcome was recorded (the token never left
-    /// the server, so no one else can have used it). Returns whether it was reopened.
-    pub async fn reopen(&self, token: &str) -> Result<bool, StoreError> {
+    /// Makes a continuation that an earlier attempt claimed or consumed resumable again, at once,
+    /// whatever that claim's lease: for the server-side owner of a token whose resume a crash
+    /// interrupted before its outcome was recorded. Only a later attempt of the durable step that
+    /// resumes the token may call this: the token never leaves the server, so nobody else holds
+    /// it, and the engine fences the earlier attempt (only one attempt records the round's
+    /// outcome; host functions see the same idempotency keys in both). Returns whether there was
+    /// a claim or a use to undo.
+    pub async fn take_over(&self, token: &str) -> Result<bool, StoreError> {
         let Some(key) = URL_SAFE_NO_PAD.decode(token).ok().filter(|k| k.len() == 32) else {
             return Err(StoreError::NotFound);
         };
@@ -50,7 +55,7 @@ impl SqlContinuationStore {
             .db
             .execute(
                 "UPDATE continuations SET status = 'available', claim = NULL, claim_until = NULL
-                 WHERE key = $1 AND status = 'consumed' AND expires_at > $2",
+                 WHERE key = $1 AND status IN ('claimed', 'consumed') AND expires_at > $2",
                 vec![key.into(), now_ms().into()],
             )
             .await
@@ -131,7 +136,11 @@ impl ContinuationStore for SqlContinuationStore {
                 .await
                 .map_err(backend)?;
             match row {
-                Some(row) => record(&row),
+                Some(row) => {
+                    let record = record(&row);
+                    fault::reached(FaultPoint::ContinuationClaimed);
+                    record
+                }
                 None => Err(self.diagnose(&key, None).await),
             }
         })
@@ -139,6 +148,7 @@ impl ContinuationStore for SqlContinuationStore {
 
     fn consume(&self, key: [u8; 32], claim: ClaimId) -> StoreFuture<'_, ()> {
         Box::pin(async move {
+            fault::reached(FaultPoint::BeforeConsume);
             let consumed = self
                 .db
                 .execute(
@@ -201,7 +211,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn reopen_makes_a_consumed_token_resumable_once_more() {
+    async fn a_later_attempt_takes_over_a_claim_or_a_use_at_once() {
         let db = TempDb::sqlite().await;
         let store = SqlContinuationStore::new(db.open().await);
         let key = [5u8; 32];
@@ -211,13 +221,23 @@ mod tests {
             expires_at: std::time::SystemTime::now() + Duration::from_secs(60),
             state: vec![9],
         };
+        let lease = Duration::from_secs(600);
         store.set(key, record).await.unwrap();
-        assert!(!store.reopen(&token).await.unwrap(), "an unused token needs no reopening");
-        store.acquire(key, 1, Duration::from_secs(5)).await.unwrap();
-        store.consume(key, 1).await.unwrap();
-        assert_eq!(store.acquire(key, 2, Duration::from_secs(5)).await, Err(StoreError::Consumed));
-        assert!(store.reopen(&token).await.unwrap());
-        assert_eq!(store.acquire(key, 3, Duration::from_secs(5)).await.unwrap().state, vec![9]);
-        assert_eq!(store.reopen("not-a-token").await, Err(StoreError::NotFound));
+        assert!(!store.take_over(&token).await.unwrap(), "an unused token has nothing to take over");
+        // Attempt 1 claims for ten minutes and is never heard from again.
+        store.acquire(key, 1, lease).await.unwrap();
+        assert_eq!(store.acquire(key, 2, lease).await, Err(StoreError::Claimed), "another resumer is refused");
+        // Attempt 2 takes the claim over at once and proceeds; attempt 1 can no longer use it.
+        assert!(store.take_over(&token).await.unwrap());
+        assert_eq!(store.acquire(key, 3, lease).await.unwrap().state, vec![9]);
+        assert_eq!(store.consume(key, 1).await, Err(StoreError::ClaimLost));
+        assert_eq!(store.acquire(key, 4, lease).await, Err(StoreError::Claimed));
+        store.consume(key, 3).await.unwrap();
+        assert_eq!(store.acquire(key, 4, lease).await, Err(StoreError::Consumed));
+        // Attempt 3, after attempt 2 consumed it and died before recording its outcome.
+        assert!(store.take_over(&token).await.unwrap());
+        store.acquire(key, 5, lease).await.unwrap();
+        store.consume(key, 5).await.unwrap();
+        assert_eq!(store.take_over("not-a-token").await, Err(StoreError::NotFound));
     }
 }

@@ -39,6 +39,7 @@
 pub mod automation;
 pub mod continuations;
 pub mod db;
+pub mod fault;
 pub mod orders;
 pub mod server;
 pub mod session;

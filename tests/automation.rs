@@ -17,9 +17,12 @@ struct Service {
     orders: OrderBook,
 }
 
+fn db_url(dir: &std::path::Path) -> String {
+    format!("sqlite://{}", dir.join("service.db").display())
+}
+
 async fn service(dir: &std::path::Path) -> Service {
-    let url = format!("sqlite://{}", dir.join("service.db").display());
-    let db = AppDb::open(&url).await.unwrap();
+    let db = AppDb::open(&db_url(dir)).await.unwrap();
     let store = db.store();
     let orders = OrderBook::new(db.clone());
     orders.seed_demo().await.unwrap();
@@ -119,7 +122,13 @@ async fn approved_refund_happens_once_and_reads_are_not_repeated() {
     assert_eq!(s.orders.live_calls(id.as_str(), "orders.get").await.unwrap(), 1, "replayed, not re-run");
     assert_eq!(
         s.automations.decide("acme", &id, decide_all_ids(&["interrupt-2"])).await,
-        Err(AutomationError::Ended(RunStatus::Completed))
+        Err(AutomationError::AlreadyDecided),
+        "decided already, even though the automation has ended"
+    );
+    assert_eq!(
+        s.automations.decide("acme", &id, decide_all_ids(&["interrupt-9"])).await,
+        Err(AutomationError::Ended(RunStatus::Completed)),
+        "never decided, in an automation that has ended"
     );
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -253,5 +262,45 @@ async fn as_many_scripts_wait_on_host_calls_at_once_as_the_concurrency_allows() 
         let view = automations.get("acme", id).await.unwrap();
         assert_eq!((view.status, view.result.clone()), (RunStatus::Completed, Some(json!(true))), "{view:?}");
     }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+/// The continuation token of the round that waits for approval, from the step's recorded result.
+async fn waiting_continuation(s: &Service, id: &RunId) -> String {
+    let events = s.automations.engine().events(id).await.unwrap();
+    events
+        .iter()
+        .rev()
+        .filter(|e| e.kind == resumable_workflow::EventKind::StepCompleted)
+        .find_map(|e| e.payload["result"]["continuation"].as_str().map(str::to_owned))
+        .expect("the waiting round recorded its continuation")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_left_by_a_dead_attempt_is_taken_over_by_the_next_attempt_of_the_round() {
+    let dir = temp_dir();
+    let s = service(&dir).await;
+    let id = submit(&s, REFUND).await;
+    let view = settled(&s, &id).await;
+    // A resume claims the token for ten minutes and is never heard from again (its server died).
+    let token = waiting_continuation(&s, &id).await;
+    let key: [u8; 32] =
+        base64::Engine::decode(&base64::engine::general_purpose::URL_SAFE_NO_PAD, &token).unwrap().try_into().unwrap();
+    let store = resumable::continuations::SqlContinuationStore::new(AppDb::open(&db_url(&dir)).await.unwrap());
+    use resumable_runner::ContinuationStore as _;
+    store.acquire(key, 7, Duration::from_secs(600)).await.unwrap();
+    assert_eq!(
+        store.acquire(key, 8, Duration::from_secs(600)).await,
+        Err(resumable_runner::StoreError::Claimed),
+        "a different resumer is refused"
+    );
+    // The round's first attempt finds the token claimed; the next attempt takes it over at once.
+    let started = tokio::time::Instant::now();
+    assert_eq!(s.automations.decide("acme", &id, decide_all(&view, true)).await, Ok(1));
+    let view = settled(&s, &id).await;
+    assert_eq!(view.status, RunStatus::Completed, "{view:?}");
+    assert!(started.elapsed() < Duration::from_secs(10), "taken over at once, not after the claim's lease");
+    assert_eq!(view.result.unwrap()["refund"]["refunded"], json!(1500));
+    assert_eq!(s.orders.refunds("acme").await.unwrap(), vec![("A-1002".to_owned(), 1500)]);
     let _ = std::fs::remove_dir_all(dir);
 }

@@ -149,6 +149,9 @@ fn store_error(error: StoreError) -> RunError {
         StoreError::Backend(message) => {
             RunError::internal(format!("the continuation store failed: {message}")).retryable(true)
         }
+        // A claim is held for a while only: once it ends, or its holder gives it up, the same
+        // resume can succeed.
+        StoreError::Claimed => rejected(StoreError::Claimed).retryable(true),
         other => rejected(other),
     }
 }

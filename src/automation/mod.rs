@@ -17,11 +17,13 @@ mod token;
 mod view;
 mod workflow;
 
+use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use resumable_runner::{Runner, RunnerConfig, StoredCodec};
 use resumable_workflow::{
-    Engine, EngineBuilder, EngineError, RunFilter, RunId, RunInfo, RunStatus, StartOptions, Store, StreamReader,
+    Engine, EngineBuilder, EngineError, EventKind, RunFilter, RunId, RunInfo, RunStatus, StartOptions, Store,
+    StreamReader,
 };
 use serde_json::Value;
 
@@ -273,10 +275,19 @@ impl Automations {
 
     /// Delivers a decision batch for the open round of automation `id`, after checking that the
     /// hook's metadata names `tenant` and this automation and that the batch decides every
-    /// pending request exactly once. Of concurrent deliveries exactly one is applied; the others
-    /// get [`AutomationError::AlreadyDecided`].
+    /// pending request exactly once.
+    ///
+    /// The answer depends only on what was decided, never on timing: a batch whose interruption
+    /// ids were all decided already, in this round or an earlier one, is
+    /// [`AutomationError::AlreadyDecided`], whether it repeats or contradicts that decision,
+    /// arrives concurrently or after a retry, and even after the automation ended (of concurrent
+    /// deliveries exactly one is applied). [`AutomationError::Ended`] is only for ids that were
+    /// never decided in an automation that has ended.
     pub async fn decide(&self, tenant: &str, id: &RunId, batch: DecisionBatch) -> Result<u32, AutomationError> {
         let (run, _) = self.owned_run(tenant, id).await?;
+        if self.all_decided(id, &batch).await? {
+            return Err(AutomationError::AlreadyDecided);
+        }
         if run.status.is_terminal() {
             return Err(AutomationError::Ended(run.status));
         }
@@ -302,13 +313,39 @@ impl Automations {
         match self.engine.resume_hook(&token, batch.to_value()).await {
             Ok(receipt) if receipt.index == 0 => Ok(round),
             Ok(_) => Err(AutomationError::AlreadyDecided),
-            // Disposed meanwhile: the automation ended (cancelled), or a decision already moved it on.
+            // Disposed meanwhile: a decision moved the round on, or the automation ended.
             Err(EngineError::HookNotFound) => match self.engine.get_run(id).await?.status {
-                status if status.is_terminal() => Err(AutomationError::Ended(status)),
+                status if status.is_terminal() && !self.all_decided(id, &batch).await? => {
+                    Err(AutomationError::Ended(status))
+                }
                 _ => Err(AutomationError::AlreadyDecided),
             },
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Whether every interruption `batch` names was decided already: it was pending in a round
+    /// whose hook received a decision (the engine's log of the run records both).
+    async fn all_decided(&self, id: &RunId, batch: &DecisionBatch) -> Result<bool, AutomationError> {
+        if batch.decisions.is_empty() {
+            return Ok(false);
+        }
+        let events = self.engine.events(id).await?;
+        let received: BTreeSet<u64> = events
+            .iter()
+            .filter(|e| e.kind == EventKind::HookReceived)
+            .filter_map(|e| e.payload["position"].as_u64())
+            .collect();
+        let decided: BTreeSet<&str> = events
+            .iter()
+            .filter(|e| e.kind == EventKind::HookCreated)
+            .filter(|e| e.payload["position"].as_u64().is_some_and(|p| received.contains(&p)))
+            .filter(|e| e.payload["metadata"]["automation"].as_str() == Some(id.as_str()))
+            .filter_map(|e| e.payload["metadata"]["pending"].as_array())
+            .flatten()
+            .filter_map(|p| p["interruptionId"].as_str())
+            .collect();
+        Ok(batch.decisions.iter().all(|d| decided.contains(d.interruption_id.as_str())))
     }
 
     /// Cancels automation `id` of `tenant`; returns its status afterwards.

@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use super::decision::DecisionBatch;
 use super::token::HookTokens;
 use crate::continuations::SqlContinuationStore;
+use crate::fault::{self, FaultPoint};
 use crate::session::SessionState;
 use resumable_host::HostFunctions;
 
@@ -96,7 +97,17 @@ fn with_context(
     }
     for name in host.names() {
         let (host, name_owned) = (host.clone(), name.to_owned());
-        builder = builder.function(name, move |ctx, args| host.call(&name_owned, ctx, args));
+        builder = builder.function(name, move |ctx, args| {
+            let resumed = ctx.resume().is_some();
+            let call = host.call(&name_owned, ctx, args);
+            async move {
+                let result = call.await;
+                if resumed {
+                    fault::reached(FaultPoint::AfterHostCall);
+                }
+                result
+            }
+        });
     }
     let context = context.clone();
     builder = builder.function(CONTEXT_FUNCTION, move |_ctx, _args| {
@@ -150,8 +161,9 @@ impl Deps {
         }
         if let Some((token, batch)) = resume {
             if step.attempt > 1 {
-                // An earlier attempt may have consumed the token and crashed before recording.
-                self.continuations.reopen(&token).await.map_err(|e| StepError::retryable(e.to_string()))?;
+                // An earlier attempt may have claimed or consumed the token and died before it
+                // recorded the round's outcome: this attempt takes the token over.
+                self.continuations.take_over(&token).await.map_err(|e| StepError::retryable(e.to_string()))?;
             }
             request = request.resume(token, batch.resolutions());
         }
@@ -192,7 +204,12 @@ pub(crate) async fn run_automation(
     for round in 1..=deps.max_rounds {
         let result = {
             let (deps, input, id, resume) = (Arc::clone(&deps), input.clone(), id.clone(), resume.take());
-            ctx.step("round", move |s| async move { deps.round(&input, &id, resume, s).await }).await?
+            ctx.step("round", move |s| async move {
+                let result = deps.round(&input, &id, resume, s).await;
+                fault::reached(FaultPoint::BeforeRoundRecorded);
+                result
+            })
+            .await?
         };
         match result {
             RoundResult::Completed { value, console } => {

@@ -52,6 +52,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "N", default_value_t = resumable::automation::DEFAULT_CONCURRENCY)]
     workers: usize,
 
+    /// Seconds a crashed server's automations stay claimed before another server (or this one,
+    /// restarted) takes them over; running automations renew their claim a few times per lease.
+    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
+    lease_secs: u64,
+
     /// Mark the inbox's session cookie Secure (browsers reach the server over HTTPS, e.g. through a
     /// TLS proxy); leave off for plain http://localhost.
     #[arg(long)]
@@ -98,6 +103,7 @@ pub fn execute_serve(args: ServeArgs) -> ExitCode {
         secret_file: args.secret_file,
         workers: args.workers.max(1),
         runner: RunnerConfig::new().processes(processes),
+        lease: std::time::Duration::from_secs(args.lease_secs),
         secure_cookies: args.secure_cookies,
     };
     let rt = match runtime() {

@@ -16,6 +16,7 @@ mod throttle;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::DefaultBodyLimit;
@@ -114,6 +115,9 @@ pub struct ServerConfig {
     pub workers: usize,
     /// How scripts run (the CLI runs them in worker processes).
     pub runner: RunnerConfig,
+    /// How long the engine's claim on a running automation lasts without a heartbeat: after a
+    /// crash, another server (or this one, restarted) takes the automation over once it expires.
+    pub lease: Duration,
     /// Mark the inbox's session cookie `Secure`: set it when browsers reach the server over HTTPS
     /// (e.g. behind a TLS-terminating proxy); off for plain `http://localhost`.
     pub secure_cookies: bool,
@@ -135,6 +139,7 @@ pub async fn open_service(
     workers: usize,
     demo: bool,
     runner: RunnerConfig,
+    lease: Duration,
 ) -> Result<Service, String> {
     let db = AppDb::open(db_url).await.map_err(|e| e.to_string())?;
     let store = db.store();
@@ -147,6 +152,7 @@ pub async fn open_service(
         .host(move |tenant| host.host_functions(tenant))
         .runner(runner)
         .concurrency(workers)
+        .engine(move |engine| engine.lease(lease))
         .build()
         .map_err(|e| e.to_string())?;
     Ok(Service { automations, orders })
@@ -166,7 +172,8 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()> + Se
     if keys.is_empty() {
         return Err("no API keys are configured: pass --keys FILE, set RESUMABLE_API_KEYS, or use --demo".into());
     }
-    let service = open_service(&config.db_url, &secret, config.workers, config.demo, config.runner).await?;
+    let service =
+        open_service(&config.db_url, &secret, config.workers, config.demo, config.runner, config.lease).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
         .await
         .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;

@@ -141,6 +141,7 @@ pub async fn decide(
     caller.require(Role::Approver)?;
     let batch = DecisionBatch { decisions: req.decisions, actor: caller.actor.clone() };
     let round = state.automations.decide(&caller.tenant, &automation_id(&id)?, batch).await?;
+    crate::fault::reached(crate::fault::FaultPoint::DecisionCommitted);
     tracing::info!(automation = %id, round, actor = %caller.actor, "decision delivered");
     Ok((StatusCode::ACCEPTED, Json(json!({ "id": id, "round": round }))).into_response())
 }

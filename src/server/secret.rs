@@ -1,9 +1,14 @@
 //! The server's secret (hook tokens derive from it): read from a file, or generated once and
-//! persisted with owner-only permissions.
+//! published atomically with owner-only permissions.
+//!
+//! A first start writes the secret to a temporary file next to the final one, flushes it to disk,
+//! and publishes it with `link(2)`, which never replaces a file that a concurrent first start
+//! published meanwhile; then it flushes the directory. So the secret file is either absent or
+//! whole, however the process dies, and all concurrent first starts end with the same secret.
 
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 /// Bytes of a generated secret.
 const SECRET_BYTES: usize = 32;
@@ -11,35 +16,95 @@ const SECRET_BYTES: usize = 32;
 /// Reads the hex secret at `path`, or creates it (mode 0600) with fresh random bytes.
 /// Refuses a secret file that others may read, or one shorter than 32 bytes.
 pub fn load_or_create(path: &Path) -> Result<Vec<u8>, String> {
+    // A concurrent first start may publish between our read and our link: then we read its file.
+    for _ in 0..3 {
+        match read(path)? {
+            Some(secret) => return Ok(secret),
+            None => {
+                if let Some(secret) = create(path)? {
+                    return Ok(secret);
+                }
+            }
+        }
+    }
+    Err(format!("{}: the secret file keeps appearing and disappearing", path.display()))
+}
+
+/// The secret at `path`, or `None` when there is no file.
+fn read(path: &Path) -> Result<Option<Vec<u8>>, String> {
     let shown = path.display();
-    match std::fs::read_to_string(path) {
-        Ok(text) => {
-            let mode = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?.permissions().mode();
-            if mode & 0o077 != 0 {
-                return Err(format!("{shown} may be read by others (mode {:o}); run chmod 600 on it", mode & 0o777));
-            }
-            let secret = decode_hex(text.trim()).ok_or_else(|| format!("{shown} does not hold a hex secret"))?;
-            if secret.len() < SECRET_BYTES {
-                return Err(format!("{shown} holds fewer than {SECRET_BYTES} bytes"));
-            }
-            Ok(secret)
+    let text = match std::fs::read_to_string(path) {
+        Ok(text) => text,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(format!("cannot read {shown}: {e}")),
+    };
+    let mode = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?.permissions().mode();
+    if mode & 0o077 != 0 {
+        return Err(format!("{shown} may be read by others (mode {:o}); run chmod 600 on it", mode & 0o777));
+    }
+    let Some(secret) = decode_hex(text.trim()) else {
+        return Err(format!("{shown} does not hold a hex secret; {}", REPAIR));
+    };
+    if secret.len() < SECRET_BYTES {
+        return Err(format!(
+            "{shown} holds {} bytes, fewer than {SECRET_BYTES}: it was cut short or written by hand; {}",
+            secret.len(),
+            REPAIR
+        ));
+    }
+    Ok(Some(secret))
+}
+
+/// What an operator can do about a secret file that cannot be used.
+const REPAIR: &str = "put 64 or more hex digits in it, or delete it to have a new secret generated at the next \
+                      start (automations waiting for approval then cannot be decided any more)";
+
+/// Writes a fresh secret to a temporary file and publishes it at `path`. `None` when another
+/// start published first (its secret is the one to use).
+fn create(path: &Path) -> Result<Option<Vec<u8>>, String> {
+    let shown = path.display();
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    let name = path.file_name().ok_or_else(|| format!("{shown} is not a file name"))?.to_string_lossy().into_owned();
+    remove_stale_temporaries(&dir, &name);
+    let mut secret = vec![0u8; SECRET_BYTES];
+    getrandom::fill(&mut secret).map_err(|e| format!("no randomness for a secret: {e}"))?;
+    let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
+    let mut suffix = [0u8; 6];
+    getrandom::fill(&mut suffix).map_err(|e| format!("no randomness for a secret: {e}"))?;
+    let suffix: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
+    let temporary = dir.join(format!(".{name}.tmp.{}.{suffix}", std::process::id()));
+    let written = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&temporary)
+        .and_then(|mut file| file.write_all(format!("{hex}\n").as_bytes()).and_then(|()| file.sync_all()));
+    let published = written.and_then(|()| std::fs::hard_link(&temporary, path));
+    let _ = std::fs::remove_file(&temporary);
+    match published {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(None),
+        Err(e) => return Err(format!("cannot create {shown}: {e}")),
+    }
+    std::fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| format!("{}: {e}", dir.display()))?;
+    Ok(Some(secret))
+}
+
+/// Removes temporary secret files (`.NAME.tmp.PID.RANDOM`) that processes which are gone left
+/// behind; those of live processes may still be published.
+fn remove_stale_temporaries(dir: &Path, name: &str) {
+    let prefix = format!(".{name}.tmp.");
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for entry in entries.flatten() {
+        let file_name = entry.file_name();
+        let Some(rest) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else { continue };
+        let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
+        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+            let _ = std::fs::remove_file(entry.path());
         }
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-            let mut secret = vec![0u8; SECRET_BYTES];
-            getrandom::fill(&mut secret).map_err(|e| format!("no randomness for a secret: {e}"))?;
-            let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
-            let mut file = std::fs::OpenOptions::new()
-                .write(true)
-                .create_new(true)
-                .mode(0o600)
-                .open(path)
-                .map_err(|e| format!("cannot create {shown}: {e}"))?;
-            file.write_all(format!("{hex}\n").as_bytes())
-                .and_then(|()| file.sync_all())
-                .map_err(|e| format!("{shown}: {e}"))?;
-            Ok(secret)
-        }
-        Err(e) => Err(format!("cannot read {shown}: {e}")),
     }
 }
 
@@ -54,21 +119,72 @@ fn decode_hex(text: &str) -> Option<Vec<u8>> {
 mod tests {
     use super::*;
 
+    fn temp_dir(name: &str) -> PathBuf {
+        let dir = std::env::temp_dir().join(format!("resumable-secret-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).unwrap();
+        dir
+    }
+
     #[test]
     fn generated_once_private_and_reread() {
-        let dir = std::env::temp_dir().join(format!("resumable-secret-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let dir = temp_dir("once");
         let path = dir.join("secret");
-        let _ = std::fs::remove_file(&path);
         let first = load_or_create(&path).unwrap();
         assert_eq!(first.len(), 32);
         assert_eq!(std::fs::metadata(&path).unwrap().permissions().mode() & 0o777, 0o600);
         assert_eq!(load_or_create(&path).unwrap(), first);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file is left");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         assert!(load_or_create(&path).unwrap_err().contains("chmod 600"));
         std::fs::write(&path, "zz").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert!(load_or_create(&path).is_err());
+        assert!(load_or_create(&path).unwrap_err().contains("delete it"));
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn a_short_or_empty_file_is_reported_with_what_to_do() {
+        let dir = temp_dir("short");
+        let path = dir.join("secret");
+        for content in ["", "abcd\n"] {
+            std::fs::write(&path, content).unwrap();
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+            let error = load_or_create(&path).unwrap_err();
+            assert!(error.contains("fewer than 32") && error.contains("delete it"), "{error}");
+        }
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn concurrent_first_starts_agree_on_one_secret() {
+        let dir = temp_dir("concurrent");
+        let path = dir.join("secret");
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                let path = path.clone();
+                std::thread::spawn(move || load_or_create(&path).unwrap())
+            })
+            .collect();
+        let secrets: Vec<Vec<u8>> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        assert!(secrets.iter().all(|s| *s == secrets[0]), "every start uses the published secret");
+        assert_eq!(load_or_create(&path).unwrap(), secrets[0]);
+        assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file is left");
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    #[test]
+    fn temporaries_of_dead_processes_are_removed() {
+        let dir = temp_dir("stale");
+        let path = dir.join("secret");
+        // PIDs above the kernel's maximum (4194304) never belong to a live process.
+        let stale = dir.join(".secret.tmp.4999999.abcdef");
+        std::fs::write(&stale, "").unwrap();
+        let own = dir.join(format!(".secret.tmp.{}.012345", std::process::id()));
+        std::fs::write(&own, "").unwrap();
+        load_or_create(&path).unwrap();
+        assert!(!stale.exists(), "a dead process's temporary file is removed");
+        assert!(own.exists(), "a live process's temporary file is left alone");
         let _ = std::fs::remove_dir_all(dir);
     }
 }

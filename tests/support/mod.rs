@@ -85,6 +85,11 @@ impl Server {
     /// Starts `resumable serve --demo` on a free port with the database and the secret file in
     /// `dir`, plus `extra` arguments, and waits for its `listening on http://ADDR` line.
     pub fn start(dir: &TempDir, extra: &[&str]) -> Server {
+        Server::start_with_env(dir, extra, &[])
+    }
+
+    /// Starts like [`Server::start`], with `env` added to the server's environment.
+    pub fn start_with_env(dir: &TempDir, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let n = std::fs::read_dir(dir.path()).map(|d| d.count()).unwrap_or(0);
         let log = dir.path().join(format!("server-{n}.log"));
         let stderr = File::create(&log).expect("the log file is created");
@@ -93,6 +98,7 @@ impl Server {
             .args(["serve", "--demo", "--listen", "127.0.0.1:0", "--db", &dir.db_url(), "--secret-file"])
             .arg(&secret)
             .args(extra)
+            .envs(env.iter().copied())
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(stderr)
@@ -148,6 +154,26 @@ impl Server {
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
         matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// The server's process id.
+    #[allow(dead_code)]
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Waits up to `within` for the process to exit on its own (a fault point killed it, say);
+    /// whether it did.
+    #[allow(dead_code)]
+    pub fn exited_within(&mut self, within: Duration) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        while std::time::Instant::now() < deadline {
+            if !self.is_running() {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        false
     }
 
     /// SIGKILLs the process (no graceful shutdown) and reaps it.
@@ -315,6 +341,21 @@ impl Client {
     /// `method path` with extra `headers` (a `Content-Type` among them replaces the JSON one) and
     /// an optional body; the whole response. Panics on a transport error or after [`WAIT`].
     pub async fn send(&self, method: &str, path: &str, headers: &[(&str, &str)], body: Option<&[u8]>) -> Response {
+        match self.try_send(method, path, headers, body).await {
+            Ok(response) => response,
+            Err(e) => panic!("{method} {path}: {e}"),
+        }
+    }
+
+    /// Like [`Client::send`], but a transport error (a server that died, say) or no response
+    /// within [`WAIT`] is returned, not a panic.
+    pub async fn try_send(
+        &self,
+        method: &str,
+        path: &str,
+        headers: &[(&str, &str)],
+        body: Option<&[u8]>,
+    ) -> std::io::Result<Response> {
         let exchange = async {
             let (status, headers, mut body) = self.open(method, path, headers, body).await?;
             let mut bytes = Vec::new();
@@ -324,9 +365,10 @@ impl Client {
             Ok::<_, std::io::Error>(Response { status, headers, body: bytes })
         };
         match tokio::time::timeout(WAIT, exchange).await {
-            Ok(Ok(response)) => response,
-            Ok(Err(e)) => panic!("{method} {path}: {e}"),
-            Err(_) => panic!("{method} {path}: no complete response within {WAIT:?}"),
+            Ok(result) => result,
+            Err(_) => {
+                Err(std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no complete response within {WAIT:?}")))
+            }
         }
     }
 
@@ -550,6 +592,22 @@ impl Db {
         let mut conn = self.connect().await;
         let rows = sqlx::query_as(
             "SELECT order_id, amount_cents FROM refunds WHERE tenant = $1 ORDER BY created_at, idempotency_key",
+        )
+        .bind(tenant)
+        .fetch_all(&mut conn)
+        .await
+        .expect("refunds are read");
+        let _ = conn.close().await;
+        rows
+    }
+
+    /// The idempotency keys of the refunds applied for `tenant` (`automation:interruption`), with
+    /// the order and amount of each.
+    #[allow(dead_code)]
+    pub async fn refund_keys(&self, tenant: &str) -> Vec<(String, String, i64)> {
+        let mut conn = self.connect().await;
+        let rows = sqlx::query_as(
+            "SELECT idempotency_key, order_id, amount_cents FROM refunds WHERE tenant = $1 ORDER BY idempotency_key",
         )
         .bind(tenant)
         .fetch_all(&mut conn)

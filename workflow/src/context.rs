@@ -132,8 +132,10 @@ impl WorkflowContext {
     /// calling `f`. A retryable [`StepError`] schedules another attempt after the policy's backoff
     /// (the run suspends meanwhile, holding no worker); a fatal one, or a retryable one once the
     /// retries are spent, fails the step and is returned as [`WorkflowError::Step`]. An attempt
-    /// interrupted by a crash counts as a failed attempt. `f` sees its attempt number and a stable
-    /// step id through [`StepContext`].
+    /// interrupted by a crash, a shutdown or a lost lease does not use up a retry: interruptions
+    /// have their own budget, [`RetryPolicy::max_interruptions`]. `f` sees its attempt number
+    /// (every attempt started, interrupted ones included) and a stable step id through
+    /// [`StepContext`].
     pub async fn step_with<T, F, Fut>(&self, name: &str, policy: RetryPolicy, f: F) -> Result<T, WorkflowError>
     where
         T: Serialize + DeserializeOwned + Send,
@@ -146,6 +148,7 @@ impl WorkflowContext {
         let failure = |message: String, attempts: u32| {
             WorkflowError::Step(StepFailure { step: name.to_owned(), position, message, attempts })
         };
+        let mut failures = 0;
         match self.inner.history.ops.get(&position) {
             None => {}
             Some(OpRecord::Step(s)) if s.name == name => match &s.state {
@@ -155,19 +158,21 @@ impl WorkflowContext {
                     drop(inflight);
                     return self.exec().block(Some(*retry_at)).await;
                 }
-                state if s.attempts > policy.max_retries => {
-                    // The last allowed attempt failed (or was interrupted) without recording an end.
-                    let error = match state {
-                        StepState::Retrying { error, .. } => error.clone(),
-                        _ => format!("attempt {} was interrupted", s.attempts),
-                    };
+                StepState::Running if s.attempts.saturating_sub(s.failures) > policy.max_interruptions => {
+                    let error = format!(
+                        "attempt {} was interrupted, and so were {} attempts of this step in all, more than the {} \
+                         allowed",
+                        s.attempts,
+                        s.attempts.saturating_sub(s.failures),
+                        policy.max_interruptions
+                    );
                     let update = StepUpdate::Failed { attempt: s.attempts, error: error.clone() };
                     if let Err(e) = self.store().update_step(fence, position, update).await {
                         return self.exec().abort(e.into()).await;
                     }
                     return Err(failure(error, s.attempts));
                 }
-                _ => {}
+                _ => failures = s.failures,
             },
             Some(other) => return self.nondeterministic(position, other, format!("step {name:?}")).await,
         }
@@ -179,8 +184,8 @@ impl WorkflowContext {
         let result = result.and_then(|v| Ok((serde_json::to_value(&v)?, v)));
         let (update, outcome) = match result {
             Ok((value, v)) => (StepUpdate::Completed { attempt, result: value }, Ok(v)),
-            Err(e) if e.retryable && attempt <= policy.max_retries => {
-                let retry_at = now_ms().saturating_add(duration_ms(policy.backoff(attempt)));
+            Err(e) if e.retryable && failures < policy.max_retries => {
+                let retry_at = now_ms().saturating_add(duration_ms(policy.backoff(failures + 1)));
                 let update = StepUpdate::Retrying { attempt, error: e.message, retry_at };
                 if let Err(e) = self.store().update_step(fence, position, update).await {
                     return self.exec().abort(e.into()).await;

@@ -6,8 +6,8 @@ use crate::ids::{RunId, random_unit};
 
 /// How a step is retried after a retryable error: exponential backoff with jitter.
 ///
-/// After attempt `n` fails with a retryable error and `n <= max_retries`, attempt `n + 1` is due
-/// after `min(initial_backoff * multiplier^(n-1), max_backoff)`, scaled by a random factor in
+/// After the `n`-th failure of a step with a retryable error, with `n <= max_retries`, the next
+/// attempt is due after `min(initial_backoff * multiplier^(n-1), max_backoff)`, scaled by a random factor in
 /// `[0.5, 1.0)` so that many runs failing together do not retry in lockstep.
 #[derive(Clone, Debug, PartialEq)]
 pub struct RetryPolicy {
@@ -19,6 +19,11 @@ pub struct RetryPolicy {
     pub max_backoff: Duration,
     /// The factor applied to the delay after each failed attempt.
     pub multiplier: f64,
+    /// Attempts that may be interrupted (by a crash or a lost lease, before they record an end)
+    /// before the step fails; 100 by default. Interruptions do not use up `max_retries`: a server
+    /// killed a few times during one step must not fail it, while a step that kills its process
+    /// every time still ends.
+    pub max_interruptions: u32,
 }
 
 impl Default for RetryPolicy {
@@ -28,6 +33,7 @@ impl Default for RetryPolicy {
             initial_backoff: Duration::from_millis(100),
             max_backoff: Duration::from_secs(60),
             multiplier: 2.0,
+            max_interruptions: 100,
         }
     }
 }

@@ -42,7 +42,7 @@ pub(crate) async fn run_worker(shared: Arc<Shared>, mut shutdown: watch::Receive
                     _ = execute(&shared, run) => {}
                     _ = shutdown.changed() => {
                         // Hand the run back for any engine to claim at once, instead of leaving it
-                        // to lease expiry; its interrupted step counts as a failed attempt.
+                        // to lease expiry; its interrupted step is attempted again.
                         let _ = shared.store.suspend_run(&fence, Some(now_ms())).await;
                         shared.executing.lock().unwrap_or_else(|p| p.into_inner()).remove(&fence.run_id);
                         return;

@@ -71,6 +71,9 @@ fn serve() {
                 }
             }
         }
+        // The runner closed the pipe or died: nobody can use what this process computes, so it
+        // ends now, even in the middle of a run (a worker never outlives its runner).
+        std::process::exit(0);
     });
 
     let mut engine = Engine::new();

@@ -16,6 +16,7 @@ mod child;
 mod frame;
 mod parent;
 pub(crate) mod protocol;
+mod spawner;
 
 pub use child::{WORKER_ARGUMENT, serve_worker};
 pub(crate) use parent::ProcessPool;

@@ -3,6 +3,7 @@
 use super::ProcessConfig;
 use super::frame::encode_frame;
 use super::protocol::{CallOutcomeFrame, JobSpec, ToChild, ToParent};
+use super::spawner::{self, Spawned};
 use crate::bytecode_cache::StatsCounters;
 use crate::continuation::Claim;
 use crate::error::{ErrorCode, RunError};
@@ -126,7 +127,8 @@ impl ProcessPool {
             (libc::RLIMIT_CPU, self.config.cpu_seconds),
             (libc::RLIMIT_CORE, 0),
         ];
-        // SAFETY: only async-signal-safe calls (setrlimit) run between fork and exec.
+        let parent = std::process::id();
+        // SAFETY: only async-signal-safe calls (setrlimit, prctl, getppid) run between fork and exec.
         unsafe {
             command.pre_exec(move || {
                 for (resource, value) in limits {
@@ -135,18 +137,31 @@ impl ProcessPool {
                         return Err(std::io::Error::last_os_error());
                     }
                 }
+                // The worker dies with the thread that forks it, a thread that lives as long as
+                // this process (see `spawner`). A parent that died before the signal was armed
+                // is seen here: the worker was reparented already.
+                if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL as libc::c_ulong, 0, 0, 0) != 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                if libc::getppid() as u32 != parent {
+                    return Err(std::io::Error::other("the runner exited while the worker started"));
+                }
                 Ok(())
             });
         }
-        // tokio panics when its runtime was built without the I/O driver: say so instead.
-        let spawned = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| command.spawn())).map_err(|_| {
-            RunError::new(
-                ErrorCode::ConfigurationError,
-                "process mode needs a tokio runtime with I/O enabled (Builder::enable_all)",
-            )
-        })?;
-        let mut child =
-            spawned.map_err(|e| RunError::internal(format!("cannot start a worker process: {e}")).retryable(true))?;
+        let mut child = match spawner::spawn(command) {
+            Spawned::Started(child) => child,
+            Spawned::Failed(e) => {
+                return Err(RunError::internal(format!("cannot start a worker process: {e}")).retryable(true));
+            }
+            // tokio panics when its runtime was built without the I/O driver: say so instead.
+            Spawned::NoRuntimeSupport => {
+                return Err(RunError::new(
+                    ErrorCode::ConfigurationError,
+                    "process mode needs a tokio runtime with I/O enabled (Builder::enable_all)",
+                ));
+            }
+        };
         let stdin = child.stdin.take().ok_or_else(|| RunError::internal("worker process without stdin"))?;
         let mut stdout = child.stdout.take().ok_or_else(|| RunError::internal("worker process without stdout"))?;
         let (sender, frames) = mpsc::unbounded_channel();

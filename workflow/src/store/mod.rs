@@ -136,6 +136,9 @@ pub struct StepRecord {
     pub name: String,
     /// Attempts started so far.
     pub attempts: u32,
+    /// Attempts that ended in an error. The others but a running one were interrupted (a crash,
+    /// a lost lease) before they could record an end.
+    pub failures: u32,
     /// Where it stands.
     pub state: StepState,
 }

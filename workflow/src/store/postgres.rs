@@ -50,6 +50,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (2, "step_functions", include_str!("../../migrations/postgres/0002_step_functions.sql")),
     (3, "more_functions", include_str!("../../migrations/postgres/0003_more_functions.sql")),
     (4, "finish_run_function", include_str!("../../migrations/postgres/0004_finish_run_function.sql")),
+    (5, "step_failures", include_str!("../../migrations/postgres/0005_step_failures.sql")),
 ];
 
 /// The advisory lock that serializes migrations of all stores opening one database.
@@ -621,18 +622,20 @@ fn run_from_row(row: &PgRow) -> Result<RunInfo, StoreError> {
 /// rows of steps (op 0), hooks (1), hook payloads (2), timers (3) and stream emits (4).
 async fn load_history(conn: &mut PgConnection, run_id: &RunId) -> Tx<RunHistory> {
     let rows = sqlx::query(
-        "SELECT 0 AS op, position, attempts AS n, retry_at AS at, name, status, result::text AS json, error AS other
+        "SELECT 0 AS op, position, attempts AS n, failures AS m, retry_at AS at, name, status,
+                result::text AS json, error AS other
              FROM steps WHERE run_id = $1
          UNION ALL
-         SELECT 1, position, received, NULL, token, CASE WHEN active THEN 'active' END, metadata::text,
+         SELECT 1, position, received, NULL, NULL, token, CASE WHEN active THEN 'active' END, metadata::text,
                 conflict_run_id
              FROM hooks WHERE run_id = $1
          UNION ALL
-         SELECT 2, position, seq, received_at, NULL, NULL, payload::text, NULL FROM hook_payloads WHERE run_id = $1
+         SELECT 2, position, seq, NULL, received_at, NULL, NULL, payload::text, NULL
+             FROM hook_payloads WHERE run_id = $1
          UNION ALL
-         SELECT 3, position, NULL, due_at, NULL, status, NULL, NULL FROM waits WHERE run_id = $1
+         SELECT 3, position, NULL, NULL, due_at, NULL, status, NULL, NULL FROM waits WHERE run_id = $1
          UNION ALL
-         SELECT 4, position, idx, NULL, NULL, NULL, NULL, NULL FROM stream_events WHERE run_id = $1
+         SELECT 4, position, idx, NULL, NULL, NULL, NULL, NULL, NULL FROM stream_events WHERE run_id = $1
          ORDER BY op, position, n",
     )
     .bind(run_id.as_str())
@@ -656,7 +659,8 @@ async fn load_history(conn: &mut PgConnection, run_id: &RunId) -> Tx<RunHistory>
                     s => return Err(StoreError::Corrupt(format!("unknown step status {s:?}")).into()),
                 };
                 let name = get::<Option<String>>(row, "name")?.unwrap_or_default();
-                OpRecord::Step(StepRecord { name, attempts: count_of(n.unwrap_or(0)), state })
+                let failures = count_of(get::<Option<i64>>(row, "m")?.unwrap_or(0));
+                OpRecord::Step(StepRecord { name, attempts: count_of(n.unwrap_or(0)), failures, state })
             }
             1 => {
                 let state = match (status, other) {

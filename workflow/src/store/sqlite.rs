@@ -37,6 +37,7 @@ const MIGRATIONS: &[(i64, &str, &str)] = &[
     (1, "init", include_str!("../../migrations/sqlite/0001_init.sql")),
     (2, "stream_positions", include_str!("../../migrations/sqlite/0002_stream_positions.sql")),
     (3, "child_runs", include_str!("../../migrations/sqlite/0003_child_runs.sql")),
+    (4, "step_failures", include_str!("../../migrations/sqlite/0004_step_failures.sql")),
 ];
 
 /// The page cache of each read connection, in KiB (the writer keeps SQLite's default, 2 MiB).
@@ -605,7 +606,7 @@ fn load_history(tx: &Connection, run_id: &RunId) -> Result<RunHistory, StoreErro
     let ops = &mut history.ops;
     for_each_row(
         tx,
-        "SELECT position, name, status, attempts, result, error, retry_at FROM steps WHERE run_id = ?",
+        "SELECT position, name, status, attempts, failures, result, error, retry_at FROM steps WHERE run_id = ?",
         params![run_id.as_str()],
         |row| {
             let status: String = get(row, "status")?;
@@ -622,7 +623,12 @@ fn load_history(tx: &Connection, run_id: &RunId) -> Result<RunHistory, StoreErro
                 "failed" => StepState::Failed(error.unwrap_or_default()),
                 other => return Err(StoreError::Corrupt(format!("unknown step status {other:?}"))),
             };
-            let record = StepRecord { name: get(row, "name")?, attempts: count_of(get(row, "attempts")?), state };
+            let record = StepRecord {
+                name: get(row, "name")?,
+                attempts: count_of(get(row, "attempts")?),
+                failures: count_of(get(row, "failures")?),
+                state,
+            };
             ops.insert(position_of(row)?, OpRecord::Step(record));
             Ok(())
         },
@@ -1004,7 +1010,8 @@ impl Store for SqliteStore {
                 let seq = fenced_seq(tx, &fence, now)?;
                 let done = tx
                     .prepare_cached(
-                        "UPDATE steps SET status = ?, result = ?, error = ?, retry_at = ?, updated_at = ?
+                        "UPDATE steps SET status = ?1, result = ?2, error = ?3, retry_at = ?4, updated_at = ?5,
+                                          failures = failures + (?1 <> 'completed')
                          WHERE run_id = ? AND position = ? AND attempts = ? AND status = 'running'",
                     )
                     .and_then(|mut stmt| {
@@ -1508,7 +1515,7 @@ mod tests {
             .run(|c| all_rows(c, "SELECT version FROM schema_migrations", [], |row| row.get::<_, i64>(0).map_err(db)))
             .await
             .unwrap();
-        assert_eq!(versions, vec![1, 2, 3]);
+        assert_eq!(versions, vec![1, 2, 3, 4]);
         store.close().await;
         let _ = std::fs::remove_dir_all(dir);
     }

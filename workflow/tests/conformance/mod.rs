@@ -49,6 +49,7 @@ macro_rules! conformance_suite {
             stream_of_100_read_from_0_and_from_50,
             stream_read_live_across_hook_waits_without_duplicates,
             shutdown_hands_in_flight_runs_back_at_once,
+            interrupted_attempts_do_not_use_up_retries_but_have_a_budget,
             race_of_hook_and_timer_is_won_by_the_earlier_and_recorded,
             now_and_random_are_the_same_on_every_replay,
             child_run_result_is_awaited_durably,
@@ -625,18 +626,20 @@ pub async fn stream_read_live_across_hook_waits_without_duplicates(backend: &imp
     assert!(count(&kinds, EventKind::RunStarted) >= 3, "the run was replayed after each hook: {kinds:?}");
 }
 
-pub async fn shutdown_hands_in_flight_runs_back_at_once(backend: &impl Backend) {
-    let started = Arc::new(tokio::sync::Notify::new());
+/// A step whose first `interruptions` attempts are each cut off by a shutdown of their engine
+/// (which hands the run back at once, although the lease is 60 s), under `policy`: how the run
+/// ended.
+async fn interrupted_step(backend: &impl Backend, interruptions: u32, policy: RetryPolicy) -> RunInfo {
     let engine_with = |store: Arc<dyn Store>, started: Arc<tokio::sync::Notify>| {
-        // A long lease: only a hand-back at shutdown lets the second engine in quickly.
+        let policy = policy.clone();
         Engine::builder(store)
             .lease(Duration::from_secs(60))
-            .register("slow", move |ctx: WorkflowContext, _input: Value| {
-                let started = Arc::clone(&started);
+            .register("interrupted", move |ctx: WorkflowContext, _input: Value| {
+                let (started, policy) = (Arc::clone(&started), policy.clone());
                 async move {
                     let attempt = ctx
-                        .step("slow", move |s| async move {
-                            if s.attempt == 1 {
+                        .step_with("slow", policy, move |s| async move {
+                            if s.attempt <= interruptions {
                                 started.notify_one();
                                 tokio::time::sleep(Duration::from_secs(600)).await;
                             }
@@ -648,17 +651,42 @@ pub async fn shutdown_hands_in_flight_runs_back_at_once(backend: &impl Backend) 
             })
             .build()
     };
-    let first = engine_with(backend.open("db").await, Arc::clone(&started));
-    let id = first.start("slow", json!(null), StartOptions::default()).await.unwrap();
-    started.notified().await;
-    first.shutdown().await;
-    let run = first.get_run(&id).await.unwrap();
-    assert_ne!(run.status, RunStatus::Running, "the lease was handed back: {run:?}");
-    drop(first);
+    let mut id = None;
+    for _ in 0..interruptions {
+        let started = Arc::new(tokio::sync::Notify::new());
+        let engine = engine_with(backend.open("db").await, Arc::clone(&started));
+        if id.is_none() {
+            id = Some(engine.start("interrupted", json!(null), StartOptions::default()).await.unwrap());
+        }
+        started.notified().await;
+        engine.shutdown().await;
+        let run = engine.get_run(id.as_ref().unwrap()).await.unwrap();
+        assert_ne!(run.status, RunStatus::Running, "the lease was handed back: {run:?}");
+    }
+    let engine = engine_with(backend.open("db").await, Arc::new(tokio::sync::Notify::new()));
+    let id = match id {
+        Some(id) => id,
+        None => engine.start("interrupted", json!(null), StartOptions::default()).await.unwrap(),
+    };
+    engine.wait_for(&id, WAIT).await.unwrap()
+}
 
-    let second = engine_with(backend.open("db").await, Arc::new(tokio::sync::Notify::new()));
+pub async fn interrupted_attempts_do_not_use_up_retries_but_have_a_budget(backend: &impl Backend) {
+    // Four interruptions of a step that may not retry at all: attempt 5 completes.
+    let run = interrupted_step(backend, 4, fast_retry(0)).await;
+    assert_eq!(run.status, RunStatus::Completed, "{run:?}");
+    assert_eq!(run.output, Some(json!(5)), "{run:?}");
+    // One interruption more than allowed fails the step, saying why.
+    let run = interrupted_step(backend, 3, RetryPolicy { max_interruptions: 2, ..fast_retry(3) }).await;
+    assert_eq!(run.status, RunStatus::Failed, "{run:?}");
+    let error = run.error.unwrap_or_default();
+    assert!(error.contains("attempt 3 was interrupted") && error.contains("more than the 2 allowed"), "{error}");
+}
+
+pub async fn shutdown_hands_in_flight_runs_back_at_once(backend: &impl Backend) {
+    // The lease is 60 s: only a hand-back at shutdown lets the next engine in within 10 s.
     let begun = Instant::now();
-    let run = second.wait_for(&id, Duration::from_secs(10)).await.unwrap();
-    assert_eq!(run.output, Some(json!(2)), "the interrupted attempt counts; attempt 2 completes: {run:?}");
+    let run = interrupted_step(backend, 1, RetryPolicy::default()).await;
+    assert_eq!(run.output, Some(json!(2)), "attempt 1 was interrupted; attempt 2 completes: {run:?}");
     assert!(begun.elapsed() < Duration::from_secs(10));
 }
