@@ -8,6 +8,11 @@
 //!   returns `{approved: true, orderId, refunded, refundId}`; with `{approved: false, reason?}`
 //!   it returns `{approved: false, reason}` and changes nothing.
 //!
+//! An approved refund acts on what the approver saw: the order and amount of the approved request
+//! (the interruption's payload, which the runner's parent process recorded), never on arguments a
+//! resumed call brings; a resumed call whose arguments differ from that request is refused. Every
+//! effectful host function should follow this pattern.
+//!
 //! Amounts are integer cents. Every call is scoped to one tenant and audited in `host_calls`.
 
 use std::sync::Arc;
@@ -43,6 +48,14 @@ pub struct OrderBook {
 struct ListFilter {
     status: Option<String>,
     limit: Option<i64>,
+}
+
+/// What an approver was asked to approve: the refund's interruption payload.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RefundRequest {
+    order_id: String,
+    amount: i64,
 }
 
 /// The decision a refund is resumed with.
@@ -196,10 +209,18 @@ impl OrderBook {
         };
         let decision: RefundDecision = serde_json::from_value(resume.resolution.clone())
             .map_err(|e| HostError::new(format!("orders.refund: invalid decision: {e}")))?;
-        if !decision.approved {
-            return Ok(json!({ "approved": false, "orderId": id, "reason": decision.reason }));
+        let approved: RefundRequest = serde_json::from_value(resume.payload.clone())
+            .map_err(|e| HostError::new(format!("orders.refund: the approved request is unreadable: {e}")))?;
+        if approved.order_id != id || approved.amount != amount {
+            return Err(HostError::new(format!(
+                "orders.refund: this call asks for {amount} on {id}, but {} on {} was approved",
+                approved.amount, approved.order_id
+            )));
         }
-        self.apply_refund(tenant, &id, amount, &ctx.idempotency_key()).await
+        if !decision.approved {
+            return Ok(json!({ "approved": false, "orderId": approved.order_id, "reason": decision.reason }));
+        }
+        self.apply_refund(tenant, &approved.order_id, approved.amount, &ctx.idempotency_key()).await
     }
 
     /// The `orders.*` host functions for scripts of `tenant`.
@@ -235,5 +256,37 @@ impl OrderBook {
             })
             .build()
             .expect("the orders.* names are valid")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::TempDb;
+    use resumable_host::{CancelSignal, Resume};
+
+    fn resumed(payload: Value) -> HostCallContext {
+        let resume = Resume { interruption_id: "interrupt-1".into(), payload, resolution: json!({ "approved": true }) };
+        HostCallContext::new("run_1", "orders.refund", 1, Some(resume), CancelSignal::new())
+    }
+
+    #[tokio::test]
+    async fn an_approval_is_spent_only_on_the_request_that_was_approved() {
+        let db = TempDb::sqlite().await;
+        let book = OrderBook::new(db.open().await);
+        book.seed_demo().await.unwrap();
+        let host = book.host_functions("acme");
+        let approved = json!({ "kind": "refund-approval", "orderId": "A-1002", "amount": 1500 });
+        // A resumed call that asks for another order or amount than was approved does nothing.
+        for args in [json!(["A-1004", 31000]), json!(["A-1002", 1600]), json!(["A-1004", 1500])] {
+            let args = args.as_array().unwrap().clone();
+            let refused = host.call("orders.refund", resumed(approved.clone()), args).await.unwrap_err();
+            assert!(refused.to_string().contains("was approved"), "{refused}");
+        }
+        assert!(book.refunds("acme").await.unwrap().is_empty());
+        let args = vec![json!("A-1002"), json!(1500)];
+        let done = host.call("orders.refund", resumed(approved), args).await.unwrap();
+        assert_eq!(done["refunded"], 1500);
+        assert_eq!(book.refunds("acme").await.unwrap(), vec![("A-1002".to_owned(), 1500)]);
     }
 }

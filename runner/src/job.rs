@@ -1,7 +1,6 @@
 //! What a worker executes, and what comes back.
 
 use crate::bytecode_cache::{BytecodeCacheConfig, CacheLookup};
-use crate::error::RunError;
 use crate::event::EventSink;
 use crate::ledger_feed::LedgerFeed;
 use crate::limits::Limits;
@@ -68,8 +67,6 @@ pub(crate) struct Streamed {
 pub(crate) enum WorkerMessage {
     /// A host call that is not settled inline has finished.
     Settled(u32, HostResult),
-    /// The answer to a request to consume a stored continuation.
-    Consumed(Result<(), RunError>),
     /// The caller gave up on the run.
     Abort,
 }

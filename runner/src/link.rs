@@ -17,7 +17,6 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::mpsc;
 use std::task::{Context, Poll, Waker};
-use std::time::Instant;
 
 /// One host call as the worker asks for it.
 pub(crate) struct CallRequest<'a> {
@@ -45,15 +44,11 @@ pub(crate) struct LocalHost {
     pub tasks: RefCell<Vec<tokio::task::JoinHandle<()>>>,
 }
 
-/// Host functions in another process, reached by messages.
+/// Host functions in another process, reached by messages. The other process consumed a stored
+/// continuation before the run started, so nothing is consumed from here.
 pub(crate) trait RemoteHost {
     /// Asks the other side to run a call; its result arrives in the inbox.
     fn call(&self, request: &CallRequest<'_>) -> Result<(), RunError>;
-    /// Asks the other side to consume the stored continuation (if any); the
-    /// answer arrives in the inbox as [`WorkerMessage::Consumed`].
-    fn consume(&self) -> Result<(), RunError>;
-    /// Whether the run was resumed from a stored continuation.
-    fn has_claim(&self) -> bool;
 }
 
 impl HostLink {
@@ -69,32 +64,12 @@ impl HostLink {
         }
     }
 
-    /// Uses up the stored continuation this run resumed from, if any.
-    pub(crate) fn consume(&self, inbox: &mpsc::Receiver<WorkerMessage>, deadline: Instant) -> Result<(), RunError> {
+    /// Uses up the stored continuation this run resumed from, if any (in process mode the
+    /// parent did before the run started).
+    pub(crate) fn consume(&self) -> Result<(), RunError> {
         match self {
-            HostLink::Local(local) => match &local.claim {
-                Some(claim) => claim.consume(&local.tokio),
-                None => Ok(()),
-            },
-            HostLink::Remote(remote) if remote.has_claim() => {
-                remote.consume()?;
-                loop {
-                    let remaining = deadline.saturating_duration_since(Instant::now());
-                    match inbox.recv_timeout(remaining) {
-                        Ok(WorkerMessage::Consumed(result)) => return result,
-                        Ok(WorkerMessage::Abort) => {
-                            return Err(RunError::new(
-                                crate::ErrorCode::Aborted,
-                                "the run was cancelled by its caller",
-                            ));
-                        }
-                        // No host call is in flight while a replay ends.
-                        Ok(WorkerMessage::Settled(..)) => {}
-                        Err(_) => return Err(RunError::internal("no answer about the stored continuation")),
-                    }
-                }
-            }
-            HostLink::Remote(_) => Ok(()),
+            HostLink::Local(LocalHost { claim: Some(claim), tokio, .. }) => claim.consume(tokio),
+            HostLink::Local(_) | HostLink::Remote(_) => Ok(()),
         }
     }
 

@@ -361,7 +361,6 @@ impl Runner {
                     limits,
                     replay,
                     can_interrupt: self.inner.codec.is_some(),
-                    has_claim: claim.is_some(),
                     events: events.is_some(),
                     cache: self.inner.bytecode_cache,
                 };

@@ -33,6 +33,50 @@ pub(crate) enum CallOutcome {
     Interrupted(String),
 }
 
+impl CallOutcome {
+    /// How a host function's `result` is recorded: values and payloads as their JSON text, and
+    /// a value or payload nested deeper than the sandbox reads (100 levels) as a failed call.
+    /// The worker records its ledger with this, and in process mode the parent records what it
+    /// served with it too, so that it can check the worker's ledger entry by entry.
+    pub(crate) fn recorded(result: &resumable_host::HostResult) -> CallOutcome {
+        use resumable_host::HostError;
+        let max = crate::sandbox::MAX_DEPTH;
+        let text = |value: &Value| serde_json::to_string(value).unwrap_or_else(|_| "null".into());
+        match result {
+            Ok(value) if json_depth_exceeds(value, max) => CallOutcome::Rejected {
+                message: format!("the host function returned a value nested deeper than {max} levels"),
+                details: None,
+            },
+            Err(HostError::Interrupt(payload)) if json_depth_exceeds(payload, max) => CallOutcome::Rejected {
+                message: format!("the host function interrupted with a payload nested deeper than {max} levels"),
+                details: None,
+            },
+            Ok(value) => CallOutcome::Fulfilled(text(value).into()),
+            Err(HostError::Interrupt(payload)) => CallOutcome::Interrupted(text(payload)),
+            Err(HostError::Failed(failure)) => {
+                CallOutcome::Rejected { message: failure.message.clone(), details: failure.details.as_ref().map(text) }
+            }
+        }
+    }
+}
+
+/// Whether `value` nests deeper than `max` (checked without recursion).
+fn json_depth_exceeds(value: &Value, max: usize) -> bool {
+    let mut stack: Vec<(&Value, usize)> = vec![(value, 1)];
+    while let Some((value, depth)) = stack.pop() {
+        let children: Box<dyn Iterator<Item = &Value>> = match value {
+            Value::Array(items) => Box::new(items.iter()),
+            Value::Object(map) => Box::new(map.values()),
+            _ => continue,
+        };
+        if depth > max {
+            return true;
+        }
+        stack.extend(children.map(|child| (child, depth + 1)));
+    }
+    false
+}
+
 /// One recorded host call.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct LedgerEntry {

@@ -1,10 +1,10 @@
 //! The worker-process side: read jobs from stdin, run them, answer on stdout.
 
 use super::frame::{read_frame, write_frame};
-use super::protocol::{JobSpec, ToChild, ToParent};
+use super::protocol::{Answer, JobSpec, Settlement, ToChild, ToParent};
 use crate::error::RunError;
 use crate::event::{EventSink, RunEvent};
-use crate::job::{Job, WorkerMessage};
+use crate::job::{Job, RawOutcome, WorkerMessage};
 use crate::limits::MAX_STACK_BYTES;
 use crate::link::{CallRequest, HostLink, RemoteHost};
 use crate::sandbox::Engine;
@@ -62,7 +62,6 @@ fn serve() {
                     }
                 }
                 ToChild::Settled { index, outcome } => deliver(WorkerMessage::Settled(index, outcome.into())),
-                ToChild::Consumed(result) => deliver(WorkerMessage::Consumed(result)),
                 ToChild::Abort => {
                     if let Some(abort) = &current.abort {
                         abort.store(true, Ordering::SeqCst);
@@ -82,7 +81,8 @@ fn serve() {
         let abort = Arc::new(AtomicBool::new(false));
         *current.lock().unwrap_or_else(|p| p.into_inner()) =
             Current { inbox: Some(inbox_sender), abort: Some(abort.clone()) };
-        let link = HostLink::Remote(Box::new(PipeHost { output: output.clone(), has_claim: spec.has_claim }));
+        let sent = Arc::new(Mutex::new(Vec::new()));
+        let link = HostLink::Remote(Box::new(PipeHost { output: output.clone(), sent: sent.clone() }));
         let events = spec.events.then(|| Box::new(PipeEvents { output: output.clone() }) as Box<dyn EventSink>);
         let mut job = Job {
             source: spec.source,
@@ -103,7 +103,8 @@ fn serve() {
             Err(error) => Err(error.clone()),
         };
         *current.lock().unwrap_or_else(|p| p.into_inner()) = Current::default();
-        if send(&output, &ToParent::Done(result, job.lookup)).is_err() {
+        let sent = std::mem::take(&mut *sent.lock().unwrap_or_else(|p| p.into_inner()));
+        if send(&output, &ToParent::Done(result.map(|raw| answer(raw, &sent)), job.lookup)).is_err() {
             return;
         }
         match engine.as_mut() {
@@ -116,6 +117,23 @@ fn serve() {
         }
     }
     let _ = output.lock().map(|mut out| out.flush());
+}
+
+/// The answer to send for `raw`: for an interrupted run, when each call in `sent` settled.
+fn answer(raw: RawOutcome, sent: &[u32]) -> Answer {
+    match raw {
+        RawOutcome::Completed { value, console } => Answer::Completed { value, console },
+        RawOutcome::Interrupted { ledger, console, .. } => {
+            let settled = sent
+                .iter()
+                .filter_map(|&index| {
+                    let entry = ledger.get(usize::try_from(index).ok()?.checked_sub(1)?)?;
+                    Some(Settlement { index, settle_order: entry.settle_order, clock: entry.clock })
+                })
+                .collect();
+            Answer::Interrupted { settled, console }
+        }
+    }
 }
 
 /// Live events of a run in a worker process: frames to the runner, which
@@ -134,7 +152,8 @@ impl EventSink for PipeEvents {
 /// Host calls of a run in a worker process: frames to the runner.
 struct PipeHost {
     output: Output,
-    has_claim: bool,
+    /// The calls sent, in order.
+    sent: Arc<Mutex<Vec<u32>>>,
 }
 
 impl RemoteHost for PipeHost {
@@ -145,14 +164,7 @@ impl RemoteHost for PipeHost {
             arguments: request.arguments.to_string(),
             resumed: request.resume.is_some(),
         };
+        self.sent.lock().unwrap_or_else(|p| p.into_inner()).push(request.index);
         send(&self.output, &message)
-    }
-
-    fn consume(&self) -> Result<(), RunError> {
-        send(&self.output, &ToParent::Consume)
-    }
-
-    fn has_claim(&self) -> bool {
-        self.has_claim
     }
 }

@@ -16,6 +16,7 @@ mod child;
 mod frame;
 mod parent;
 pub(crate) mod protocol;
+mod session;
 mod spawner;
 
 pub use child::{WORKER_ARGUMENT, serve_worker};

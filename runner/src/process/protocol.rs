@@ -3,8 +3,9 @@
 use crate::bytecode_cache::{BytecodeCacheConfig, CacheLookup};
 use crate::error::RunError;
 use crate::event::RunEvent;
-use crate::job::{RawOutcome, Replay};
+use crate::job::Replay;
 use crate::limits::Limits;
+use crate::outcome::ConsoleLine;
 use resumable_host::{HostError, HostFailure, HostResult};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -19,7 +20,6 @@ pub(crate) struct JobSpec {
     pub limits: Limits,
     pub replay: Replay,
     pub can_interrupt: bool,
-    pub has_claim: bool,
     /// Whether the child sends live events.
     pub events: bool,
     pub cache: BytecodeCacheConfig,
@@ -30,7 +30,6 @@ pub(crate) struct JobSpec {
 pub(crate) enum ToChild {
     Run(Box<JobSpec>),
     Settled { index: u32, outcome: CallOutcomeFrame },
-    Consumed(Result<(), RunError>),
     Abort,
 }
 
@@ -45,11 +44,36 @@ pub(crate) enum ToParent {
         /// itself, from the ledger and resolutions it holds.
         resumed: bool,
     },
-    Consume,
     /// A live event of the run, sent in the order it happened (before `Done`).
     Event(RunEvent),
     /// The run's answer, and whether its bytecode came from the child's cache.
-    Done(Result<RawOutcome, RunError>, Option<CacheLookup>),
+    Done(Result<Answer, RunError>, Option<CacheLookup>),
+}
+
+/// How a run ended, as a worker reports it. It holds no ledger and no interruptions: the parent
+/// builds those from the calls it served itself, so a worker cannot change what a continuation
+/// records or what approvers are asked.
+#[derive(Serialize, Deserialize)]
+pub(crate) enum Answer {
+    Completed {
+        value: Value,
+        console: Vec<ConsoleLine>,
+    },
+    /// Interrupted: when each call the parent served settled, in the script's view.
+    Interrupted {
+        settled: Vec<Settlement>,
+        console: Vec<ConsoleLine>,
+    },
+}
+
+/// When a call that crossed the pipe settled: its place among the run's settles (none for an
+/// interrupted call) and the logical clock then. These decide only how the script's own replay
+/// orders and dates its calls.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct Settlement {
+    pub index: u32,
+    pub settle_order: Option<u32>,
+    pub clock: f64,
 }
 
 /// A host call's result, without the host's internal details.

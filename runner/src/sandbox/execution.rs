@@ -12,7 +12,7 @@ use super::console::ConsoleBuffer;
 use super::engine::{Engine, GC_HEADROOM, Realm, RealmShared};
 use super::interrupt::RunGuard;
 use super::js::{self, Bytecode};
-use super::serialize::{ClassIds, MAX_DEPTH, Mode, SerializeError, Serializer, js_string};
+use super::serialize::{ClassIds, Mode, SerializeError, Serializer, js_string};
 use super::stack_guard::{StackGuard, stack_pointer};
 use crate::determinism::{SeededRandom, wall_clock_ms};
 use crate::error::{ErrorCode, RunError};
@@ -25,7 +25,7 @@ use crate::outcome::ConsoleLevel;
 use crate::runner::{check_head, unknown_interruption};
 use crate::state::{CallOutcome, LedgerEntry};
 use crate::text::{clip, truncate};
-use resumable_host::{HostError, HostResult, Resume, unknown_function_message};
+use resumable_host::{HostResult, Resume, unknown_function_message};
 use rquickjs::function::Rest;
 use rquickjs::promise::PromiseState;
 use rquickjs::{Ctx, Function, Object, Promise, Value, qjs};
@@ -645,23 +645,6 @@ fn host_call<'js>(
     Ok(promise.into_value())
 }
 
-/// Whether `value` nests deeper than `max` (checked without recursion).
-fn json_depth_exceeds(value: &Json, max: usize) -> bool {
-    let mut stack: Vec<(&Json, usize)> = vec![(value, 1)];
-    while let Some((value, depth)) = stack.pop() {
-        let children: Box<dyn Iterator<Item = &Json>> = match value {
-            Json::Array(items) => Box::new(items.iter()),
-            Json::Object(map) => Box::new(map.values()),
-            _ => continue,
-        };
-        if depth > max {
-            return true;
-        }
-        stack.extend(children.map(|child| (child, depth + 1)));
-    }
-    false
-}
-
 /// Drives one run to its outcome.
 struct Driver<'a, 'js> {
     ctx: Ctx<'js>,
@@ -816,7 +799,7 @@ impl<'js> Driver<'_, 'js> {
         // The replay matched: from here on host functions run, so a stored
         // continuation is used up now (or the resume stops, having done nothing).
         drop(bridge);
-        if let Err(error) = env.link.consume(&self.job.inbox, env.deadline) {
+        if let Err(error) = env.link.consume() {
             return Some(Step::Done(Err(error)));
         }
         bridge = env.bridge.borrow_mut();
@@ -850,7 +833,6 @@ impl<'js> Driver<'_, 'js> {
             Ok(WorkerMessage::Abort) => {
                 self.env.guard.latch(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"));
             }
-            Ok(WorkerMessage::Consumed(_)) => {}
             Err(RecvTimeoutError::Timeout) => {
                 self.env.guard.latch(RunError::new(
                     ErrorCode::Timeout,
@@ -881,25 +863,7 @@ impl<'js> Driver<'_, 'js> {
     fn settle_live(&self, index: u32, result: HostResult) -> Step {
         let env = &*self.env;
         let clock = wall_clock_ms().max(env.shared.clock.get());
-        let result = match result {
-            Ok(value) if json_depth_exceeds(&value, MAX_DEPTH) => {
-                Err(HostError::new(format!("the host function returned a value nested deeper than {MAX_DEPTH} levels")))
-            }
-            Err(HostError::Interrupt(payload)) if json_depth_exceeds(&payload, MAX_DEPTH) => Err(HostError::new(
-                format!("the host function interrupted with a payload nested deeper than {MAX_DEPTH} levels"),
-            )),
-            other => other,
-        };
-        let outcome = match result {
-            Ok(value) => CallOutcome::Fulfilled(serde_json::to_string(&value).unwrap_or_else(|_| "null".into()).into()),
-            Err(HostError::Interrupt(payload)) => {
-                CallOutcome::Interrupted(serde_json::to_string(&payload).unwrap_or_else(|_| "null".into()))
-            }
-            Err(HostError::Failed(failure)) => CallOutcome::Rejected {
-                message: failure.message,
-                details: failure.details.map(|d| serde_json::to_string(&d).unwrap_or_else(|_| "null".into())),
-            },
-        };
+        let outcome = CallOutcome::recorded(&result);
         let size = match &outcome {
             CallOutcome::Fulfilled(text) => text.len(),
             CallOutcome::Interrupted(text) => text.len(),

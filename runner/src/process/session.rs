@@ -1,0 +1,378 @@
+//! The parent's half of one run in a worker process, which it treats as hostile.
+//!
+//! A worker process runs QuickJS, native code a script may take over through a memory-safety
+//! bug. So this side decides everything that matters: a resumed call gets its decision only if
+//! it names the recorded function with byte-identical arguments; new calls must continue the
+//! ledger exactly; the call-count, in-flight and argument-size limits are enforced here; and an
+//! interrupted run's ledger and interruptions are built here, from the prior ledger and the calls
+//! this side served, never taken from the worker. Every write to the worker happens under the
+//! run's deadline, and any breach of the protocol kills the worker.
+
+use super::frame::encode_frame;
+use super::parent::Worker;
+use super::protocol::{Answer, CallOutcomeFrame, JobSpec, Settlement, ToChild, ToParent};
+use crate::bytecode_cache::CacheLookup;
+use crate::error::{ErrorCode, RunError};
+use crate::event::RunEvent;
+use crate::event_queue::EventQueue;
+use crate::job::RawOutcome;
+use crate::limits::{Limit, Limits};
+use crate::link::CatchUnwind;
+use crate::state::{CallOutcome, LedgerEntry, pending_interruptions};
+use resumable_host::{CancelSignal, HostCallContext, HostFunctions, HostResult, Resume};
+use serde_json::Value;
+use std::collections::{BTreeMap, HashMap};
+use std::future::Future;
+use std::sync::Arc;
+use tokio::io::AsyncWriteExt;
+use tokio::process::ChildStdin;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+
+/// How a run in a worker ended, as far as the parent is concerned.
+pub(super) enum Ending {
+    /// The worker answered within the protocol and can serve again.
+    Answered(Result<RawOutcome, RunError>, Option<CacheLookup>),
+    /// The worker was killed, died or broke the protocol; it must not be reused.
+    Lost(RunError),
+}
+
+/// An interrupted call of the prior ledger that this run resumes with a decision.
+pub(super) struct DecidedCall {
+    pub(super) function: String,
+    /// The recorded arguments, as canonical JSON text.
+    pub(super) arguments: String,
+    pub(super) resume: Resume,
+}
+
+/// The resumes of the calls that `spec` resumes with a decision, by call index: built from the
+/// ledger and the resolutions the parent holds.
+pub(super) fn decided_calls(spec: &JobSpec) -> HashMap<u32, DecidedCall> {
+    let replay = &spec.replay;
+    let mut decided = HashMap::new();
+    for (&index, resolution) in &replay.resolutions {
+        let Some(entry) = index.checked_sub(1).and_then(|i| replay.ledger.get(i as usize)) else { continue };
+        if let Some(resume) = entry.resume_with(index, resolution.clone()) {
+            let call = DecidedCall { function: entry.function.clone(), arguments: entry.arguments.clone(), resume };
+            decided.insert(index, call);
+        }
+    }
+    decided
+}
+
+/// A call this side served: what was asked and, once it settled, how.
+struct Served {
+    function: String,
+    arguments: String,
+    outcome: Option<CallOutcome>,
+}
+
+/// What the run's limits allow a worker to ask.
+struct Allowance {
+    calls: u64,
+    in_flight: usize,
+    argument_bytes: usize,
+}
+
+impl Allowance {
+    fn of(limits: &Limits) -> Allowance {
+        Allowance {
+            calls: limits.get(Limit::HostCalls),
+            in_flight: limits.usize(Limit::HostCallsInFlight),
+            argument_bytes: limits.usize(Limit::HostCallArguments),
+        }
+    }
+}
+
+/// A breach of the protocol by the worker: the run fails and the worker is killed.
+fn violation(what: impl std::fmt::Display) -> Ending {
+    Ending::Lost(RunError::protocol(format!("the worker process broke the protocol: {what}")))
+}
+
+fn lost(message: &str) -> Ending {
+    Ending::Lost(RunError::internal(format!("the worker process {message}")).retryable(true))
+}
+
+fn timed_out() -> Ending {
+    Ending::Lost(
+        RunError::new(ErrorCode::Timeout, "the script ran past its time limit and its worker process was killed")
+            .retryable(false),
+    )
+}
+
+/// Writes `message` unless `stop_at` passes first (a worker that stops reading cannot hold the
+/// parent).
+async fn write(stdin: &mut ChildStdin, message: &ToChild, stop_at: Instant) -> Result<(), Ending> {
+    let frame = encode_frame(message).map_err(|e| lost(&format!("could not be sent a frame: {e}")))?;
+    let written = async {
+        stdin.write_all(&frame).await?;
+        stdin.flush().await
+    };
+    match tokio::time::timeout_at(stop_at, written).await {
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(_)) => Err(lost("stopped reading")),
+        Err(_) => Err(timed_out()),
+    }
+}
+
+/// The parent's half of one run.
+pub(super) struct Session {
+    host: HostFunctions,
+    host_cancel: CancelSignal,
+    run_id: Arc<str>,
+    events: Option<Arc<EventQueue>>,
+}
+
+impl Session {
+    pub(super) fn new(
+        host: HostFunctions,
+        host_cancel: CancelSignal,
+        run_id: Arc<str>,
+        events: Option<Arc<EventQueue>>,
+    ) -> Session {
+        Session { host, host_cancel, run_id, events }
+    }
+
+    pub(super) async fn drive(
+        &self,
+        worker: &mut Worker,
+        spec: JobSpec,
+        deadline: Instant,
+        cancel: &CancelSignal,
+        grace: std::time::Duration,
+    ) -> Ending {
+        let mut decided = decided_calls(&spec);
+        let allowance = Allowance::of(&spec.limits);
+        let message = ToChild::Run(Box::new(spec));
+        if let Err(ending) = write(&mut worker.stdin, &message, deadline).await {
+            return ending;
+        }
+        let ToChild::Run(spec) = message else { unreachable!("the message was built as a run just above") };
+        let prior = &spec.replay.ledger;
+        let mut served: BTreeMap<u32, Served> = BTreeMap::new();
+        let mut next_live = prior.len() as u64 + 1;
+        let mut in_flight = 0usize;
+        let (results, mut settled) = mpsc::unbounded_channel::<(u32, HostResult)>();
+        let mut tasks: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+        let mut abort_deadline: Option<Instant> = None;
+        let ending = loop {
+            let stop_at = abort_deadline.map_or(deadline, |a| a.min(deadline));
+            tokio::select! {
+                frame = worker.frames.recv() => match frame {
+                    None => break lost("exited unexpectedly (crashed or was killed)"),
+                    Some(Err(why)) => break violation(why),
+                    Some(Ok(ToParent::Done(answer, lookup))) => {
+                        if in_flight > 0 && matches!(answer, Ok(Answer::Interrupted { .. })) {
+                            break violation("it reported an interruption while host calls were in flight");
+                        }
+                        break match answer.map(|a| outcome(a, prior, &served)) {
+                            Ok(Ok(raw)) => Ending::Answered(Ok(raw), lookup),
+                            Ok(Err(why)) => violation(why),
+                            Err(error) => Ending::Answered(Err(error), lookup),
+                        };
+                    }
+                    Some(Ok(ToParent::Event(event))) => {
+                        // The run's end is announced here, from the answer, never by the worker.
+                        let live = !event.is_terminal() && !matches!(event, RunEvent::Lagged { .. });
+                        if let (Some(events), true) = (&self.events, live) {
+                            events.push(event);
+                        }
+                    }
+                    Some(Ok(ToParent::Call { index, function, arguments, resumed })) => {
+                        if u64::from(index) > allowance.calls {
+                            break violation(format!("call {index} is over the limit of {} host calls", allowance.calls));
+                        }
+                        if arguments.len() > allowance.argument_bytes {
+                            break violation(format!(
+                                "the arguments of call {index} are over the limit of {} bytes",
+                                allowance.argument_bytes
+                            ));
+                        }
+                        if in_flight >= allowance.in_flight {
+                            break violation(format!("more than {} host calls in flight", allowance.in_flight));
+                        }
+                        let resume = if resumed {
+                            match decided.remove(&index) {
+                                Some(call) if call.function == function && call.arguments == arguments => {
+                                    Some(call.resume)
+                                }
+                                Some(_) => {
+                                    break violation(format!(
+                                        "call {index} was resumed with another function or other arguments than \
+                                         were recorded and decided"
+                                    ));
+                                }
+                                None => break violation(format!("call {index} has no decision to resume with")),
+                            }
+                        } else if u64::from(index) == next_live {
+                            next_live += 1;
+                            None
+                        } else {
+                            break violation(format!("call {index} does not continue the ledger (next is {next_live})"));
+                        };
+                        let Ok(parsed) = serde_json::from_str::<Vec<Value>>(&arguments) else {
+                            break violation(format!("the arguments of call {index} are not a JSON array"));
+                        };
+                        let context = HostCallContext::new(
+                            self.run_id.clone(),
+                            function.as_str(),
+                            index,
+                            resume,
+                            self.host_cancel.clone(),
+                        );
+                        let mut future = CatchUnwind(self.host.call(&function, context, parsed));
+                        served.insert(index, Served { function, arguments, outcome: None });
+                        in_flight += 1;
+                        // Answer at once when the host function does not wait.
+                        let ready = std::future::poll_fn(|cx| {
+                            std::task::Poll::Ready(std::pin::Pin::new(&mut future).poll(cx))
+                        })
+                        .await;
+                        match ready {
+                            std::task::Poll::Ready(result) => {
+                                in_flight -= 1;
+                                if let Err(ending) = settle(worker, &mut served, index, result, stop_at).await {
+                                    break ending;
+                                }
+                            }
+                            std::task::Poll::Pending => {
+                                let results = results.clone();
+                                tasks.push(tokio::spawn(async move {
+                                    let _ = results.send((index, future.await));
+                                }));
+                            }
+                        }
+                    }
+                },
+                Some((index, result)) = settled.recv() => {
+                    in_flight -= 1;
+                    if let Err(ending) = settle(worker, &mut served, index, result, stop_at).await {
+                        break ending;
+                    }
+                }
+                _ = cancel.cancelled(), if abort_deadline.is_none() => {
+                    let _ = write(&mut worker.stdin, &ToChild::Abort, stop_at).await;
+                    abort_deadline = Some(Instant::now() + grace);
+                }
+                _ = tokio::time::sleep_until(stop_at) => {
+                    break if abort_deadline.is_some() {
+                        Ending::Lost(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"))
+                    } else {
+                        timed_out()
+                    };
+                }
+            }
+        };
+        for task in tasks {
+            task.abort();
+        }
+        ending
+    }
+}
+
+/// Records how call `index` ended and tells the worker.
+async fn settle(
+    worker: &mut Worker,
+    served: &mut BTreeMap<u32, Served>,
+    index: u32,
+    result: HostResult,
+    stop_at: Instant,
+) -> Result<(), Ending> {
+    if let Some(call) = served.get_mut(&index) {
+        call.outcome = Some(CallOutcome::recorded(&result));
+    }
+    let outcome = CallOutcomeFrame::from(result);
+    write(&mut worker.stdin, &ToChild::Settled { index, outcome }, stop_at).await
+}
+
+/// The run's outcome from the worker's `answer`: for an interruption, the ledger is the `prior`
+/// one with the calls this side `served` (resumed ones in their places, new ones appended), and
+/// only their settle order and clock come from the worker.
+fn outcome(answer: Answer, prior: &[LedgerEntry], served: &BTreeMap<u32, Served>) -> Result<RawOutcome, String> {
+    let (settled, console) = match answer {
+        Answer::Completed { value, console } => return Ok(RawOutcome::Completed { value, console }),
+        Answer::Interrupted { settled, console } => (settled, console),
+    };
+    let mut ledger = prior.to_vec();
+    for (&index, call) in served {
+        let outcome = call.outcome.clone().ok_or_else(|| format!("call {index} never settled"))?;
+        let entry = LedgerEntry {
+            function: call.function.clone(),
+            arguments: call.arguments.clone(),
+            outcome,
+            settle_order: None,
+            clock: 0.0,
+        };
+        match (index as usize).checked_sub(1) {
+            Some(i) if i < ledger.len() => ledger[i] = entry,
+            Some(i) if i == ledger.len() => ledger.push(entry),
+            _ => return Err(format!("call {index} does not continue the ledger")),
+        }
+    }
+    let mut timed = std::collections::BTreeSet::new();
+    for Settlement { index, settle_order, clock } in settled {
+        if !served.contains_key(&index) || !timed.insert(index) {
+            return Err(format!("it reported a settle time for call {index}, which it was not served once"));
+        }
+        let entry = &mut ledger[index as usize - 1];
+        if settle_order.is_some() == matches!(entry.outcome, CallOutcome::Interrupted(_)) {
+            return Err(format!("it reported call {index} as settled the wrong way"));
+        }
+        entry.settle_order = settle_order;
+        entry.clock = clock;
+    }
+    if timed.len() != served.len() {
+        return Err("it did not report when every call it was served settled".into());
+    }
+    let interruptions = pending_interruptions(&ledger)?;
+    Ok(RawOutcome::Interrupted { ledger, interruptions, console })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::bytecode_cache::BytecodeCacheConfig;
+    use crate::job::Replay;
+    use crate::limits::Limits;
+    use crate::state::{CallOutcome, LedgerEntry};
+    use serde_json::json;
+
+    fn entry(function: &str, outcome: CallOutcome) -> LedgerEntry {
+        LedgerEntry { function: function.into(), arguments: "[]".into(), outcome, settle_order: None, clock: 0.0 }
+    }
+
+    #[test]
+    fn decisions_come_from_the_ledger_and_resolutions_the_parent_holds() {
+        let ledger = vec![
+            entry("tools.effect", CallOutcome::Fulfilled("1".into())),
+            entry("tools.approve", CallOutcome::Interrupted(r#"{"amount":5}"#.into())),
+        ];
+        let resolutions = HashMap::from([(1, json!(true)), (2, json!("yes")), (9, json!(true))]);
+        let spec = JobSpec {
+            source: "return 1".into(),
+            source_hash: [0; 32],
+            functions: Arc::from(Vec::<String>::new()),
+            limits: Limits::default(),
+            replay: Replay {
+                logical_run_id: "run".into(),
+                seed: 0,
+                start_clock: 0.0,
+                ledger,
+                streamed: None,
+                resolutions,
+            },
+            can_interrupt: true,
+            events: false,
+            cache: BytecodeCacheConfig::default(),
+        };
+        let decided = decided_calls(&spec);
+        assert_eq!(decided.len(), 1, "only an interrupted entry of the ledger takes a decision");
+        let decided = &decided[&2];
+        assert_eq!(decided.function, "tools.approve");
+        assert_eq!(decided.arguments, "[]");
+        let resume = &decided.resume;
+        assert_eq!(resume.interruption_id, "interrupt-2");
+        assert_eq!(resume.payload, json!({ "amount": 5 }));
+        assert_eq!(resume.resolution, json!("yes"));
+    }
+}

@@ -1,0 +1,446 @@
+//! The parent against a hostile worker process.
+//!
+//! A script that takes over its worker process (through a memory-safety bug of QuickJS, say)
+//! controls every byte the worker sends. This test binary is its own fake worker: started with
+//! `--hostile MODE`, it speaks the frame protocol by hand (4-byte little-endian length, then JSON)
+//! and sends forged frames. Each scenario checks that the run ends with a stable code, that no
+//! host function runs with forged input, that a stored token stays single-use, and that the
+//! parent's memory stays bounded.
+//!
+//! Without `--hostile` it runs the scenarios and ends with an `N passed, N failed` line.
+
+use std::io::{Read, Write};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use resumable_runner::codec::{SignedCodec, SignedCodecConfig};
+use resumable_runner::host::HostFunctions;
+use resumable_runner::process::ProcessConfig;
+use resumable_runner::{
+    ErrorCode, Limit, LimitOverrides, MemoryContinuationStore, Outcome, Resolution, RunError, RunRequest, Runner,
+    RunnerConfig, StoredCodec,
+};
+use serde_json::{Value, json};
+
+const SECRET: &[u8] = b"a-secret-for-the-hostile-worker-suite!!";
+const REAL_WORKER: &str = env!("CARGO_BIN_EXE_resumable-worker");
+const REFUND: &str = "return await tools.refund('A-1002', 1500)";
+
+// ---- the fake worker ----
+
+fn read_frame(input: &mut impl Read) -> Option<Value> {
+    let mut length = [0u8; 4];
+    input.read_exact(&mut length).ok()?;
+    let mut body = vec![0u8; u32::from_le_bytes(length) as usize];
+    input.read_exact(&mut body).ok()?;
+    serde_json::from_slice(&body).ok()
+}
+
+fn write_raw(out: &mut impl Write, body: &[u8]) {
+    let _ = out.write_all(&(body.len() as u32).to_le_bytes());
+    let _ = out.write_all(body);
+    let _ = out.flush();
+}
+
+fn write_frame(out: &mut impl Write, frame: &Value) {
+    write_raw(out, frame.to_string().as_bytes());
+}
+
+fn call(index: u64, function: &str, arguments: &str, resumed: bool) -> Value {
+    json!({ "Call": { "index": index, "function": function, "arguments": arguments, "resumed": resumed } })
+}
+
+fn done_completed(value: Value) -> Value {
+    json!({ "Done": [{ "Ok": { "Completed": { "value": value, "console": [] } } }, null] })
+}
+
+/// The first interrupted entry of the run's ledger that has a decision: (index, function, arguments).
+fn decided_entry(run: &Value) -> Option<(u64, String, String)> {
+    let replay = &run["Run"]["replay"];
+    let ledger = replay["ledger"].as_array()?;
+    ledger.iter().enumerate().find_map(|(i, entry)| {
+        let index = i as u64 + 1;
+        let decided = replay["resolutions"].get(index.to_string()).is_some();
+        (decided && entry["outcome"].get("Interrupted").is_some()).then(|| {
+            (
+                index,
+                entry["function"].as_str().unwrap_or_default().to_owned(),
+                entry["arguments"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+    })
+}
+
+fn next_live(run: &Value) -> u64 {
+    run["Run"]["replay"]["ledger"].as_array().map_or(0, Vec::len) as u64 + 1
+}
+
+/// Serves runs on stdin/stdout the way `mode` says, forever.
+fn fake_worker(mode: &str, arg: Option<&str>) {
+    let mut input = std::io::stdin().lock();
+    let mut out = std::io::stdout().lock();
+    while let Some(run) = read_frame(&mut input) {
+        match mode {
+            // Spends the decision on another order and amount than the approver saw.
+            "forged-resume" | "honest-resume" => {
+                let (index, function, arguments) = decided_entry(&run).expect("a decided call");
+                let arguments = if mode == "forged-resume" { r#"["A-1004",31000]"#.to_owned() } else { arguments };
+                write_frame(&mut out, &call(index, &function, &arguments, true));
+                let settled = read_frame(&mut input).unwrap_or(Value::Null);
+                write_frame(&mut out, &done_completed(settled["Settled"]["outcome"].clone()));
+            }
+            // Makes a call, lets it interrupt, then claims another ledger and other interruptions.
+            "forged-ledger" => {
+                write_frame(&mut out, &call(next_live(&run), "tools.refund", r#"["A-1002",1500]"#, false));
+                let _ = read_frame(&mut input);
+                let forged = json!({ "Done": [{ "Ok": { "Interrupted": {
+                    "settled": [{ "index": 1, "settle_order": null, "clock": 0.0 }],
+                    "console": [],
+                    "ledger": [{ "function": "tools.refund", "arguments": "[\"A-1004\",31000]" }],
+                    "interruptions": [{ "id": "interrupt-1", "function": "tools.refund",
+                                        "arguments": ["A-1004", 31000], "payload": { "amount": 31000 } }]
+                } } }, null] });
+                write_frame(&mut out, &forged);
+            }
+            // Reports a settle time for a call it was never served.
+            "unserved-settlement" => {
+                write_frame(&mut out, &call(next_live(&run), "tools.refund", r#"["A-1002",1500]"#, false));
+                let _ = read_frame(&mut input);
+                let forged = json!({ "Done": [{ "Ok": { "Interrupted": {
+                    "settled": [{ "index": 1, "settle_order": null, "clock": 0.0 },
+                                { "index": 2, "settle_order": 0, "clock": 0.0 }],
+                    "console": []
+                } } }, null] });
+                write_frame(&mut out, &forged);
+            }
+            // Skips ahead of the ledger.
+            "skipped-index" => write_frame(&mut out, &call(next_live(&run) + 5, "tools.count", "[]", false)),
+            // A resumed call where there is nothing to resume.
+            "undecided-resume" => write_frame(&mut out, &call(1, "tools.refund", r#"["A-1002",1500]"#, true)),
+            // Arguments one byte over the argument limit (`arg` bytes).
+            "large-arguments" => {
+                let limit: usize = arg.and_then(|a| a.parse().ok()).unwrap_or(0);
+                let arguments = format!("[\"{}\"]", "x".repeat(limit + 1 - 4));
+                write_frame(&mut out, &call(next_live(&run), "tools.count", &arguments, false));
+            }
+            // More calls than the host-call limit, each answered.
+            "too-many-calls" => {
+                for index in next_live(&run)..next_live(&run) + 10 {
+                    write_frame(&mut out, &call(index, "tools.count", "[]", false));
+                    if read_frame(&mut input).is_none() {
+                        return;
+                    }
+                }
+                write_frame(&mut out, &done_completed(json!("all ten")));
+            }
+            // More calls in flight than allowed: slow calls, none awaited.
+            "too-many-in-flight" => {
+                for index in next_live(&run)..next_live(&run) + 10 {
+                    write_frame(&mut out, &call(index, "tools.slow", "[]", false));
+                }
+                std::thread::sleep(Duration::from_secs(30));
+            }
+            // A frame of exactly `arg` bytes (accepted), then one of `arg` + 1 (refused).
+            "frame-at-limit" | "frame-over-limit" => {
+                let limit: usize = arg.and_then(|a| a.parse().ok()).unwrap_or(0);
+                let size = if mode == "frame-at-limit" { limit } else { limit + 1 };
+                let mut body = done_completed(json!("padded")).to_string().into_bytes();
+                body.resize(size, b' ');
+                write_raw(&mut out, &body);
+            }
+            // Announces a frame of 511 MiB and sends nothing more.
+            "huge-frame" => {
+                let _ = out.write_all(&(511u32 * 1024 * 1024).to_le_bytes());
+                let _ = out.flush();
+                std::thread::sleep(Duration::from_secs(30));
+            }
+            // A flood of events, each about 1 KiB, then an answer.
+            "event-flood" => {
+                let event = json!({ "Event": { "type": "call_started", "index": 1, "name": "x".repeat(1000) } });
+                let body = event.to_string();
+                let count: usize = arg.and_then(|a| a.parse().ok()).unwrap_or(0);
+                for _ in 0..count {
+                    write_raw(&mut out, body.as_bytes());
+                }
+                write_frame(&mut out, &done_completed(json!("flooded")));
+            }
+            // Asks for a large result and never reads again.
+            "stops-reading" => {
+                write_frame(&mut out, &call(next_live(&run), "tools.big", "[]", false));
+                std::thread::sleep(Duration::from_secs(30));
+            }
+            // Answers without ever using the stored token.
+            "no-consume" => write_frame(&mut out, &done_completed(json!("without consuming"))),
+            other => panic!("unknown mode {other}"),
+        }
+    }
+}
+
+// ---- the scenarios ----
+
+/// A refund's arguments, and the decision it was resumed with.
+type RefundCall = (Value, Option<Value>);
+
+/// What the host functions were asked, to check that nothing forged reached them.
+#[derive(Clone, Default)]
+struct Effects {
+    refunds: Arc<Mutex<Vec<RefundCall>>>,
+    counted: Arc<AtomicUsize>,
+}
+
+impl Effects {
+    fn host(&self) -> HostFunctions {
+        let refunds = self.refunds.clone();
+        let counted = self.counted.clone();
+        HostFunctions::builder()
+            .function("tools.refund", move |ctx, args| {
+                let refunds = refunds.clone();
+                async move {
+                    let resume = ctx.resume().map(|r| r.resolution.clone());
+                    refunds.lock().unwrap().push((Value::Array(args.clone()), resume.clone()));
+                    match resume {
+                        None => Err(ctx.interrupt(json!({ "orderId": args[0], "amount": args[1] }))),
+                        Some(decision) => Ok(json!({ "refunded": args[1], "decision": decision })),
+                    }
+                }
+            })
+            .function("tools.count", move |_ctx, _args| {
+                counted.fetch_add(1, Ordering::SeqCst);
+                async move { Ok(json!(1)) }
+            })
+            .function("tools.slow", |_ctx, _args| async move {
+                tokio::time::sleep(Duration::from_secs(20)).await;
+                Ok(json!(1))
+            })
+            .function("tools.big", |_ctx, _args| async move { Ok(json!("y".repeat(1 << 20))) })
+            .build()
+            .unwrap()
+    }
+
+    fn refund_calls(&self) -> usize {
+        self.refunds.lock().unwrap().len()
+    }
+}
+
+fn signed() -> SignedCodec {
+    SignedCodec::new(SignedCodecConfig::new(SECRET)).unwrap()
+}
+
+/// A runner whose single worker process is this binary in `mode`.
+fn hostile(mode: &str, arg: Option<String>) -> Runner {
+    let mut processes = ProcessConfig::new(std::env::current_exe().unwrap()).arg("--hostile").arg(mode);
+    if let Some(arg) = arg {
+        processes = processes.arg(arg);
+    }
+    Runner::new(RunnerConfig::new().workers(1).codec(signed()).processes(processes)).unwrap()
+}
+
+fn real() -> Runner {
+    Runner::new(RunnerConfig::new().workers(1).codec(signed()).processes(ProcessConfig::new(REAL_WORKER))).unwrap()
+}
+
+fn limits(pairs: &[(Limit, i128)]) -> LimitOverrides {
+    pairs.iter().fold(LimitOverrides::new(), |o, (limit, value)| o.with(*limit, *value).unwrap())
+}
+
+#[track_caller]
+fn assert_code(result: &Result<Outcome, RunError>, code: ErrorCode) {
+    match result {
+        Err(e) => assert_eq!(e.code, code, "{e}"),
+        Ok(outcome) => panic!("expected {code:?}, got {outcome:?}"),
+    }
+}
+
+/// A real first round of [`REFUND`]: its continuation and interruption id.
+async fn first_round(effects: &Effects) -> (String, String) {
+    let outcome = real().run(RunRequest::new(REFUND).host(effects.host())).await.unwrap();
+    let Outcome::Interrupted(paused) = outcome else { panic!("{outcome:?}") };
+    (paused.continuation, paused.interruptions[0].id.clone())
+}
+
+async fn a_decision_is_spent_only_on_the_recorded_call() {
+    let effects = Effects::default();
+    let (token, id) = first_round(&effects).await;
+    let resume = || {
+        RunRequest::new(REFUND).host(effects.host()).resume(token.clone(), [Resolution::new(&id, json!("approved"))])
+    };
+    let forged = hostile("forged-resume", None).run(resume()).await;
+    assert_code(&forged, ErrorCode::ProtocolError);
+    assert_eq!(effects.refund_calls(), 1, "no host function ran with the forged arguments");
+    // The same fake worker resuming with the recorded arguments gets the decision (the check can fail).
+    let honest = hostile("honest-resume", None).run(resume()).await.unwrap();
+    let Outcome::Completed(done) = honest else { panic!("{honest:?}") };
+    assert_eq!(done.value["Value"]["decision"], json!("approved"), "{done:?}");
+    let refunds = effects.refunds.lock().unwrap().clone();
+    assert_eq!(refunds[1], (json!(["A-1002", 1500]), Some(json!("approved"))));
+}
+
+async fn the_ledger_and_interruptions_are_what_the_parent_served() {
+    let effects = Effects::default();
+    let outcome = hostile("forged-ledger", None).run(RunRequest::new(REFUND).host(effects.host())).await.unwrap();
+    let Outcome::Interrupted(paused) = outcome else { panic!("{outcome:?}") };
+    assert_eq!(paused.interruptions.len(), 1);
+    let interruption = &paused.interruptions[0];
+    assert_eq!(interruption.arguments, vec![json!("A-1002"), json!(1500)]);
+    assert_eq!(interruption.payload, json!({ "orderId": "A-1002", "amount": 1500 }));
+    // The continuation records the call that was served, so a real resume replays it.
+    let resumed = real()
+        .run(
+            RunRequest::new(REFUND)
+                .host(effects.host())
+                .resume(paused.continuation, [Resolution::new(&interruption.id, json!("yes"))]),
+        )
+        .await
+        .unwrap();
+    let Outcome::Completed(done) = resumed else { panic!("{resumed:?}") };
+    assert_eq!(done.value, json!({ "refunded": 1500, "decision": "yes" }));
+    let unserved = hostile("unserved-settlement", None).run(RunRequest::new(REFUND).host(effects.host())).await;
+    assert_code(&unserved, ErrorCode::ProtocolError);
+}
+
+async fn calls_out_of_order_or_over_the_limits_are_refused() {
+    let effects = Effects::default();
+    let run = |mode: &str, arg: Option<String>, overrides: LimitOverrides| {
+        let runner = hostile(mode, arg);
+        let host = effects.host();
+        async move { runner.run(RunRequest::new("return 1").host(host).limits(overrides)).await }
+    };
+    assert_code(&run("skipped-index", None, LimitOverrides::new()).await, ErrorCode::ProtocolError);
+    assert_code(&run("undecided-resume", None, LimitOverrides::new()).await, ErrorCode::ProtocolError);
+    let arguments = limits(&[(Limit::HostCallArguments, 1000)]);
+    assert_code(&run("large-arguments", Some("1000".into()), arguments).await, ErrorCode::ProtocolError);
+    let calls = limits(&[(Limit::HostCalls, 3)]);
+    assert_code(&run("too-many-calls", None, calls).await, ErrorCode::ProtocolError);
+    let in_flight = limits(&[(Limit::HostCallsInFlight, 4), (Limit::Timeout, 5_000)]);
+    let started = Instant::now();
+    assert_code(&run("too-many-in-flight", None, in_flight).await, ErrorCode::ProtocolError);
+    assert!(started.elapsed() < Duration::from_secs(4), "refused at once, not at the deadline");
+    assert_eq!(effects.counted.load(Ordering::SeqCst), 3, "only the calls within the limit ran");
+    assert_eq!(effects.refund_calls(), 0, "nothing ran for the undecided resume");
+}
+
+async fn frames_are_capped_by_the_runs_limits() {
+    let overrides = limits(&[
+        (Limit::HostCallArguments, 10_000),
+        (Limit::Result, 10_000),
+        (Limit::Console, 10_000),
+        (Limit::HostCalls, 10),
+    ]);
+    // The cap the parent documents: arguments + result + console + 64 bytes a call + 64 KiB.
+    let cap = 10_000 * 3 + 10 * 64 + 64 * 1024;
+    let at = hostile("frame-at-limit", Some(cap.to_string())).run(RunRequest::new("return 1").limits(overrides)).await;
+    let Ok(Outcome::Completed(done)) = at else { panic!("{at:?}") };
+    assert_eq!(done.value, json!("padded"));
+    let over =
+        hostile("frame-over-limit", Some(cap.to_string())).run(RunRequest::new("return 1").limits(overrides)).await;
+    assert_code(&over, ErrorCode::ProtocolError);
+    let before = resident_bytes();
+    let started = Instant::now();
+    let huge = hostile("huge-frame", None).run(RunRequest::new("return 1")).await;
+    assert_code(&huge, ErrorCode::ProtocolError);
+    assert!(started.elapsed() < Duration::from_secs(5), "refused when announced");
+    assert!(resident_bytes().saturating_sub(before) < 64 << 20, "nothing was allocated for the announced frame");
+}
+
+async fn a_flood_of_events_keeps_the_parents_memory_bounded() {
+    let before = resident_bytes();
+    // 100,000 events of about 1 KiB: 100 MB through the pipe.
+    let runner = hostile("event-flood", Some("100000".into()));
+    let outcome = runner.run(RunRequest::new("return 1").limits(limits(&[(Limit::Timeout, 60_000)]))).await.unwrap();
+    let Outcome::Completed(done) = outcome else { panic!("{outcome:?}") };
+    assert_eq!(done.value, json!("flooded"));
+    let grown = resident_bytes().saturating_sub(before);
+    assert!(grown < 64 << 20, "the parent grew by {grown} bytes");
+}
+
+async fn a_worker_that_stops_reading_is_killed_at_the_deadline() {
+    let effects = Effects::default();
+    let runner = hostile("stops-reading", None);
+    let started = Instant::now();
+    let stuck =
+        runner.run(RunRequest::new("return 1").host(effects.host()).limits(limits(&[(Limit::Timeout, 500)]))).await;
+    assert_code(&stuck, ErrorCode::Timeout);
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    // Its slot is free again: the next run gets a fresh worker (which stops reading too).
+    let again =
+        runner.run(RunRequest::new("return 1").host(effects.host()).limits(limits(&[(Limit::Timeout, 500)]))).await;
+    assert_code(&again, ErrorCode::Timeout);
+}
+
+async fn a_stored_token_stays_single_use_whatever_the_worker_does() {
+    let store = Arc::new(MemoryContinuationStore::new());
+    let effects = Effects::default();
+    let stored = |processes: ProcessConfig| {
+        Runner::new(RunnerConfig::new().workers(1).codec(StoredCodec::new(store.clone())).processes(processes)).unwrap()
+    };
+    let first = stored(ProcessConfig::new(REAL_WORKER)).run(RunRequest::new(REFUND).host(effects.host())).await;
+    let Ok(Outcome::Interrupted(paused)) = first else { panic!("{first:?}") };
+    let id = paused.interruptions[0].id.clone();
+    let resume =
+        || RunRequest::new(REFUND).host(effects.host()).resume(&paused.continuation, [Resolution::new(&id, json!(1))]);
+    let hostile_worker = ProcessConfig::new(std::env::current_exe().unwrap()).arg("--hostile").arg("no-consume");
+    let skipped = stored(hostile_worker).run(resume()).await.unwrap();
+    let Outcome::Completed(done) = skipped else { panic!("{skipped:?}") };
+    assert_eq!(done.value, json!("without consuming"));
+    // The parent used the token up before the worker saw it.
+    let again = stored(ProcessConfig::new(REAL_WORKER)).run(resume()).await;
+    assert_code(&again, ErrorCode::ProtocolError);
+    assert_eq!(effects.refund_calls(), 1, "the approval was never spent");
+}
+
+/// This process's resident memory.
+fn resident_bytes() -> usize {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let kib = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse::<usize>().ok());
+    kib.unwrap_or(0) * 1024
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(at) = args.iter().position(|a| a == "--hostile") {
+        fake_worker(&args[at + 1], args.get(at + 2).map(String::as_str));
+        return;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    type Scenario = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
+    let scenarios: [(&str, Scenario); 7] = [
+        ("a_decision_is_spent_only_on_the_recorded_call", || Box::pin(a_decision_is_spent_only_on_the_recorded_call())),
+        ("the_ledger_and_interruptions_are_what_the_parent_served", || {
+            Box::pin(the_ledger_and_interruptions_are_what_the_parent_served())
+        }),
+        ("calls_out_of_order_or_over_the_limits_are_refused", || {
+            Box::pin(calls_out_of_order_or_over_the_limits_are_refused())
+        }),
+        ("frames_are_capped_by_the_runs_limits", || Box::pin(frames_are_capped_by_the_runs_limits())),
+        ("a_flood_of_events_keeps_the_parents_memory_bounded", || {
+            Box::pin(a_flood_of_events_keeps_the_parents_memory_bounded())
+        }),
+        ("a_worker_that_stops_reading_is_killed_at_the_deadline", || {
+            Box::pin(a_worker_that_stops_reading_is_killed_at_the_deadline())
+        }),
+        ("a_stored_token_stays_single_use_whatever_the_worker_does", || {
+            Box::pin(a_stored_token_stays_single_use_whatever_the_worker_does())
+        }),
+    ];
+    let filter = args.iter().skip(1).find(|a| !a.starts_with('-'));
+    let (mut passed, mut failed) = (0, 0);
+    for (name, scenario) in scenarios {
+        if filter.is_some_and(|f| !name.contains(f.as_str())) {
+            continue;
+        }
+        let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| runtime.block_on(scenario())));
+        if result.is_ok() {
+            passed += 1;
+            println!("test {name} ... ok");
+        } else {
+            failed += 1;
+            println!("test {name} ... FAILED");
+        }
+    }
+    println!("{passed} passed, {failed} failed");
+    std::process::exit(i32::from(failed > 0));
+}
