@@ -304,3 +304,47 @@ async fn a_claim_left_by_a_dead_attempt_is_taken_over_by_the_next_attempt_of_the
     assert_eq!(s.orders.refunds("acme").await.unwrap(), vec![("A-1002".to_owned(), 1500)]);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_asks_twice_is_decided_in_each_round_under_the_same_id() {
+    let dir = temp_dir();
+    let db = AppDb::open(&db_url(&dir)).await.unwrap();
+    // Asks once, and once more after the first approval (a second approval stage).
+    let host = |_tenant: &str| {
+        resumable::HostFunctions::builder()
+            .function("stage.approve", |ctx, _args| async move {
+                match ctx.resume().map(|r| r.payload["stage"].as_u64()) {
+                    None => Err(ctx.interrupt(json!({ "stage": 1 }))),
+                    Some(Some(1)) => Err(ctx.interrupt(json!({ "stage": 2 }))),
+                    Some(_) => Ok(json!("approved twice")),
+                }
+            })
+            .build()
+            .unwrap()
+    };
+    let automations = Automations::builder(db.store(), db, SECRET).host(host).build().unwrap();
+    let s = Service { automations, orders: OrderBook::new(AppDb::open(&db_url(&dir)).await.unwrap()) };
+    let id = submit(&s, "return await stage.approve()").await;
+    let first = settled(&s, &id).await;
+    assert_eq!(s.automations.decide("acme", &id, decide_all(&first, true)).await, Ok(1));
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let second = loop {
+        let view = s.automations.get("acme", &id).await.unwrap();
+        if view.pending.as_ref().is_some_and(|p| p.round == 2) {
+            break view;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "round 2 never asked: {view:?}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    let ids: Vec<&str> = second.pending.as_ref().unwrap().requests.iter().map(|r| r.interruption_id.as_str()).collect();
+    assert_eq!(ids, ["interrupt-1"], "the same call asks again");
+    assert_eq!(s.automations.decide("acme", &id, decide_all(&second, true)).await, Ok(2));
+    let done = settled(&s, &id).await;
+    assert_eq!(done.status, RunStatus::Completed, "{done:?}");
+    assert_eq!(done.result, Some(json!("approved twice")));
+    assert_eq!(
+        s.automations.decide("acme", &id, decide_all(&second, true)).await,
+        Err(AutomationError::AlreadyDecided)
+    );
+    let _ = std::fs::remove_dir_all(dir);
+}

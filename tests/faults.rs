@@ -101,6 +101,11 @@ fn decisions(approval: &Value, approved: bool) -> Value {
     json!({ "decisions": decisions })
 }
 
+/// Whether `response` is 409 `ALREADY_DECIDED` (the decision was kept, its answer maybe lost).
+fn is_already_decided(response: &Response) -> bool {
+    response.status == 409 && response.json()["error"]["code"] == "ALREADY_DECIDED"
+}
+
 async fn try_decide(client: &Client, id: &str, body: &Value) -> std::io::Result<Response> {
     let bytes = body.to_string();
     client.try_send("POST", &format!("/v1/automations/{id}/decisions"), &[], Some(bytes.as_bytes())).await
@@ -131,6 +136,15 @@ impl Ledger {
             .entry(interruption.to_owned())
             .or_insert_with(|| Intended { approved: choose(), accepted: false })
             .approved
+    }
+
+    /// Fails when `approval` asks again for a decision that was accepted: it was lost.
+    fn assert_not_lost(&self, id: &str, approval: &Value) {
+        for request in approval["requests"].as_array().into_iter().flatten() {
+            let interruption = request["interruptionId"].as_str().unwrap_or_default();
+            let accepted = self.decisions.get(id).and_then(|m| m.get(interruption)).is_some_and(|d| d.accepted);
+            assert!(!accepted, "{id}: the accepted decision on {interruption} was lost: it is asked again");
+        }
     }
 
     fn accept(&mut self, id: &str, approval: &Value) {
@@ -213,11 +227,11 @@ impl<'a> Crashable<'a> {
 /// Decides the open round of `id` as the ledger says, retrying across restarts until a 202 or
 /// a 409 for the same body (a decision whose answer a kill swallowed) confirms it.
 async fn decide_until_accepted(c: &mut Crashable<'_>, ledger: &mut Ledger, id: &str, approval: &Value, yes: bool) {
+    ledger.assert_not_lost(id, approval);
     let body = decisions(approval, yes);
     for _ in 0..5 {
         match try_decide(c.client(), id, &body).await {
-            Ok(r) if r.status == 202 || r.status == 409 => {
-                assert!(r.status == 202 || r.json()["error"]["code"] == "ALREADY_DECIDED", "{}", r.text());
+            Ok(r) if r.status == 202 || is_already_decided(&r) => {
                 ledger.accept(id, approval);
                 return;
             }
@@ -265,7 +279,7 @@ on_both_backends! {
                 assert!(answer.is_err(), "{armed}: the 202 was sent before the kill");
                 // The retry of a decision whose answer was lost is answered 409: it was kept.
                 let retry = try_decide(c.client(), &id, &decisions(&approval, true)).await.expect("an answer");
-                assert_eq!(retry.status, 409, "{armed}: {}", retry.text());
+                assert!(is_already_decided(&retry), "{armed}: {}", retry.text());
                 ledger.accept(&id, &approval);
             } else if !matches!(&answer, Ok(r) if r.status == 202) {
                 decide_until_accepted(&mut c, &mut ledger, &id, &approval, true).await;
@@ -311,6 +325,7 @@ async fn random_kills_under_load(backend: Backend, servers: usize) {
             let client = c.clients[victim].clone();
             let Some(view) = try_view(&client, &id).await else { break };
             let Some(approval) = waiting_approval(&view).cloned() else { continue };
+            ledger.assert_not_lost(&id, &approval);
             let interruption = approval["requests"][0]["interruptionId"].as_str().unwrap_or_default().to_owned();
             let yes = ledger.decision(&id, &interruption, || rng.chance(60));
             match try_decide(&client, &id, &decisions(&approval, yes)).await {
@@ -323,7 +338,7 @@ async fn random_kills_under_load(backend: Backend, servers: usize) {
                         break;
                     }
                 }
-                Ok(r) if r.status == 409 => ledger.accept(&id, &approval),
+                Ok(r) if is_already_decided(&r) => ledger.accept(&id, &approval),
                 Ok(r) => panic!("deciding {id}: {} {}", r.status, r.text()),
                 Err(_) => break,
             }

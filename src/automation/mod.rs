@@ -291,12 +291,28 @@ impl Automations {
         if run.status.is_terminal() {
             return Err(AutomationError::Ended(run.status));
         }
+        match self.deliver(tenant, id, &batch).await {
+            Ok(round) => Ok(round),
+            // The round may have moved on, or the automation ended, since the first look: what
+            // was decided meanwhile decides the answer.
+            Err(AutomationError::Invalid(_) | AutomationError::NotWaiting | AutomationError::AlreadyDecided)
+                if self.all_decided(id, &batch).await? =>
+            {
+                Err(AutomationError::AlreadyDecided)
+            }
+            Err(AutomationError::AlreadyDecided) => match self.engine.get_run(id).await?.status {
+                status if status.is_terminal() => Err(AutomationError::Ended(status)),
+                _ => Err(AutomationError::NotWaiting),
+            },
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Delivers `batch` to the open round's hook, if it decides that round's pending requests;
+    /// [`AutomationError::AlreadyDecided`] when another batch got there first.
+    async fn deliver(&self, tenant: &str, id: &RunId, batch: &DecisionBatch) -> Result<u32, AutomationError> {
         let log = EventLog::read(&self.engine, id).await?;
-        let round = match log.open_round() {
-            Some((round, _)) => round,
-            None if log.rounds().1 => return Err(AutomationError::AlreadyDecided),
-            None => return Err(AutomationError::NotWaiting),
-        };
+        let Some((round, _)) = log.open_round() else { return Err(AutomationError::NotWaiting) };
         let token = self.tokens.for_round(id.as_str(), round);
         let hook = match self.engine.get_hook(&token).await? {
             Some(hook) if hook.received == 0 => hook,
@@ -312,20 +328,17 @@ impl Automations {
         batch.validate(pending.iter().map(|p| p.interruption_id.as_str())).map_err(AutomationError::Invalid)?;
         match self.engine.resume_hook(&token, batch.to_value()).await {
             Ok(receipt) if receipt.index == 0 => Ok(round),
-            Ok(_) => Err(AutomationError::AlreadyDecided),
-            // Disposed meanwhile: a decision moved the round on, or the automation ended.
-            Err(EngineError::HookNotFound) => match self.engine.get_run(id).await?.status {
-                status if status.is_terminal() && !self.all_decided(id, &batch).await? => {
-                    Err(AutomationError::Ended(status))
-                }
-                _ => Err(AutomationError::AlreadyDecided),
-            },
+            // Disposed meanwhile (a decision moved the round on, or the automation ended), or
+            // another batch was delivered first.
+            Ok(_) | Err(EngineError::HookNotFound) => Err(AutomationError::AlreadyDecided),
             Err(e) => Err(e.into()),
         }
     }
 
     /// Whether every interruption `batch` names was decided already: it was pending in a round
-    /// whose hook received a decision (the engine's log of the run records both).
+    /// whose hook received a decision (the engine's log of the run records both), and it is not
+    /// pending in a round that waits now. (An interruption id recurs when a resumed call
+    /// interrupts again; a batch naming it then decides the waiting round.)
     async fn all_decided(&self, id: &RunId, batch: &DecisionBatch) -> Result<bool, AutomationError> {
         if batch.decisions.is_empty() {
             return Ok(false);
@@ -336,16 +349,20 @@ impl Automations {
             .filter(|e| e.kind == EventKind::HookReceived)
             .filter_map(|e| e.payload["position"].as_u64())
             .collect();
-        let decided: BTreeSet<&str> = events
-            .iter()
-            .filter(|e| e.kind == EventKind::HookCreated)
-            .filter(|e| e.payload["position"].as_u64().is_some_and(|p| received.contains(&p)))
-            .filter(|e| e.payload["metadata"]["automation"].as_str() == Some(id.as_str()))
-            .filter_map(|e| e.payload["metadata"]["pending"].as_array())
-            .flatten()
-            .filter_map(|p| p["interruptionId"].as_str())
-            .collect();
-        Ok(batch.decisions.iter().all(|d| decided.contains(d.interruption_id.as_str())))
+        let (mut decided, mut waiting) = (BTreeSet::new(), BTreeSet::new());
+        for event in events.iter().filter(|e| e.kind == EventKind::HookCreated) {
+            let metadata = &event.payload["metadata"];
+            if metadata["automation"].as_str() != Some(id.as_str()) {
+                continue;
+            }
+            let was_decided = event.payload["position"].as_u64().is_some_and(|p| received.contains(&p));
+            let ids = metadata["pending"].as_array().into_iter().flatten().filter_map(|p| p["interruptionId"].as_str());
+            if was_decided { decided.extend(ids) } else { waiting.extend(ids) }
+        }
+        Ok(batch.decisions.iter().all(|d| {
+            let id = d.interruption_id.as_str();
+            decided.contains(id) && !waiting.contains(id)
+        }))
     }
 
     /// Cancels automation `id` of `tenant`; returns its status afterwards.

@@ -16,6 +16,7 @@ const SECRET_BYTES: usize = 32;
 /// Reads the hex secret at `path`, or creates it (mode 0600) with fresh random bytes.
 /// Refuses a secret file that others may read, or one shorter than 32 bytes.
 pub fn load_or_create(path: &Path) -> Result<Vec<u8>, String> {
+    remove_stale_temporaries(path);
     // A concurrent first start may publish between our read and our link: then we read its file.
     for _ in 0..3 {
         match read(path)? {
@@ -68,7 +69,6 @@ fn create(path: &Path) -> Result<Option<Vec<u8>>, String> {
         _ => PathBuf::from("."),
     };
     let name = path.file_name().ok_or_else(|| format!("{shown} is not a file name"))?.to_string_lossy().into_owned();
-    remove_stale_temporaries(&dir, &name);
     let mut secret = vec![0u8; SECRET_BYTES];
     getrandom::fill(&mut secret).map_err(|e| format!("no randomness for a secret: {e}"))?;
     let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
@@ -86,23 +86,35 @@ fn create(path: &Path) -> Result<Option<Vec<u8>>, String> {
     let _ = std::fs::remove_file(&temporary);
     match published {
         Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(None),
+        // Published by another start meanwhile, or our temporary was taken for a stale one
+        // (by a start that cannot see this process, in another PID namespace): read again.
+        Err(e) if matches!(e.kind(), std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotFound) => {
+            return Ok(None);
+        }
         Err(e) => return Err(format!("cannot create {shown}: {e}")),
     }
     std::fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| format!("{}: {e}", dir.display()))?;
     Ok(Some(secret))
 }
 
-/// Removes temporary secret files (`.NAME.tmp.PID.RANDOM`) that processes which are gone left
-/// behind; those of live processes may still be published.
-fn remove_stale_temporaries(dir: &Path, name: &str) {
-    let prefix = format!(".{name}.tmp.");
+/// How old a temporary secret file must be to count as left behind: a first start writes and
+/// links its own within milliseconds.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Removes the temporary files (`.NAME.tmp.PID.RANDOM`) that starts killed while they wrote the
+/// secret at `path` left behind: copies of a secret, which must not linger.
+fn remove_stale_temporaries(path: &Path) {
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name()) else { return };
+    let dir = if dir.as_os_str().is_empty() { Path::new(".") } else { dir };
+    let prefix = format!(".{}.tmp.", name.to_string_lossy());
     let Ok(entries) = std::fs::read_dir(dir) else { return };
     for entry in entries.flatten() {
-        let file_name = entry.file_name();
-        let Some(rest) = file_name.to_str().and_then(|n| n.strip_prefix(&prefix)) else { continue };
-        let Some(pid) = rest.split('.').next().and_then(|p| p.parse::<u32>().ok()) else { continue };
-        if pid != std::process::id() && !Path::new(&format!("/proc/{pid}")).exists() {
+        let stale = entry.file_name().to_str().is_some_and(|n| n.starts_with(&prefix))
+            && entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .is_ok_and(|at| at.elapsed().is_ok_and(|age| age > STALE_AFTER));
+        if stale {
             let _ = std::fs::remove_file(entry.path());
         }
     }
@@ -174,17 +186,20 @@ mod tests {
     }
 
     #[test]
-    fn temporaries_of_dead_processes_are_removed() {
+    fn temporaries_left_behind_are_removed_at_every_start() {
         let dir = temp_dir("stale");
         let path = dir.join("secret");
-        // PIDs above the kernel's maximum (4194304) never belong to a live process.
-        let stale = dir.join(".secret.tmp.4999999.abcdef");
-        std::fs::write(&stale, "").unwrap();
-        let own = dir.join(format!(".secret.tmp.{}.012345", std::process::id()));
-        std::fs::write(&own, "").unwrap();
-        load_or_create(&path).unwrap();
-        assert!(!stale.exists(), "a dead process's temporary file is removed");
-        assert!(own.exists(), "a live process's temporary file is left alone");
+        let first = load_or_create(&path).unwrap();
+        // A start killed between publishing and removing its temporary left a copy behind.
+        let old = dir.join(".secret.tmp.4999999.abcdef");
+        std::fs::write(&old, "copy").unwrap();
+        let an_hour_ago = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
+        std::fs::File::options().write(true).open(&old).unwrap().set_modified(an_hour_ago).unwrap();
+        let fresh = dir.join(".secret.tmp.4999998.012345");
+        std::fs::write(&fresh, "").unwrap();
+        assert_eq!(load_or_create(&path).unwrap(), first);
+        assert!(!old.exists(), "a temporary left behind is removed, even when the secret exists");
+        assert!(fresh.exists(), "a fresh one may belong to a start under way");
         let _ = std::fs::remove_dir_all(dir);
     }
 }

@@ -49,6 +49,12 @@ impl RetryPolicy {
         RetryPolicy::with_max_retries(0)
     }
 
+    /// The same policy with a different budget of interrupted attempts.
+    pub fn max_interruptions(mut self, interruptions: u32) -> RetryPolicy {
+        self.max_interruptions = interruptions;
+        self
+    }
+
     /// The same policy with a different initial backoff.
     pub fn initial_backoff(mut self, d: Duration) -> RetryPolicy {
         self.initial_backoff = d;

@@ -16,8 +16,8 @@ use std::sync::{Arc, Mutex, mpsc};
 /// same convention) act as a worker process.
 pub const WORKER_ARGUMENT: &str = "__worker";
 
-/// Serves runs on stdin/stdout until stdin closes, then exits the process.
-/// Call it from `main` of a worker program; it never returns.
+/// Serves runs on stdin/stdout until stdin closes, then exits the process at once, even in the
+/// middle of a run. Call it from `main` of a worker program; it never returns.
 pub fn serve_worker() -> ! {
     let served = std::thread::Builder::new()
         .name("resumable-worker".into())
@@ -72,7 +72,9 @@ fn serve() {
         }
         // The runner closed the pipe or died: nobody can use what this process computes, so it
         // ends now, even in the middle of a run (a worker never outlives its runner).
-        std::process::exit(0);
+        // SAFETY: _exit ends the process at once, without running atexit handlers or destructors
+        // while another thread may be inside QuickJS; it touches no memory of this process.
+        unsafe { libc::_exit(0) };
     });
 
     let mut engine = Engine::new();

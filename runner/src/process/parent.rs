@@ -87,7 +87,7 @@ impl ProcessPool {
         let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let mut worker = match idle {
             Some(worker) => worker,
-            None => self.spawn()?,
+            None => self.spawn().await?,
         };
         // The token is used up here, by the parent, so that a worker cannot resume it twice or
         // skip using it.
@@ -125,7 +125,7 @@ impl ProcessPool {
         }
     }
 
-    fn spawn(&self) -> Result<Worker, RunError> {
+    async fn spawn(&self) -> Result<Worker, RunError> {
         let mut command = Command::new(&self.config.program);
         command
             .args(&self.config.args)
@@ -156,12 +156,13 @@ impl ProcessPool {
                     return Err(std::io::Error::last_os_error());
                 }
                 if libc::getppid() as u32 != parent {
-                    return Err(std::io::Error::other("the runner exited while the worker started"));
+                    // The runner exited while the worker started. (No allocation after fork.)
+                    return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
                 }
                 Ok(())
             });
         }
-        let mut child = match spawner::spawn(command) {
+        let mut child = match spawner::spawn(command).await {
             Spawned::Started(child) => child,
             Spawned::Failed(e) => {
                 return Err(RunError::internal(format!("cannot start a worker process: {e}")).retryable(true));

@@ -22,11 +22,12 @@ pub(crate) enum Spawned {
 struct Request {
     command: Command,
     runtime: tokio::runtime::Handle,
-    reply: mpsc::SyncSender<Spawned>,
+    reply: tokio::sync::oneshot::Sender<Spawned>,
 }
 
-/// Starts `command` from the spawning thread, registered with the caller's runtime.
-pub(crate) fn spawn(command: Command) -> Spawned {
+/// Starts `command` from the spawning thread, registered with the caller's runtime; the caller
+/// awaits the answer without blocking its runtime.
+pub(crate) async fn spawn(command: Command) -> Spawned {
     static REQUESTS: OnceLock<Mutex<mpsc::Sender<Request>>> = OnceLock::new();
     let runtime = match tokio::runtime::Handle::try_current() {
         Ok(runtime) => runtime,
@@ -48,12 +49,11 @@ pub(crate) fn spawn(command: Command) -> Spawned {
         });
         Mutex::new(sender)
     });
-    let (reply, answer) = mpsc::sync_channel(1);
+    let (reply, answer) = tokio::sync::oneshot::channel();
     let sent = requests.lock().unwrap_or_else(|p| p.into_inner()).send(Request { command, runtime, reply });
+    let gone = || Spawned::Failed(std::io::Error::other("the thread that starts worker processes is gone"));
     if sent.is_err() {
-        return Spawned::Failed(std::io::Error::other("the thread that starts worker processes is gone"));
+        return gone();
     }
-    answer
-        .recv()
-        .unwrap_or_else(|_| Spawned::Failed(std::io::Error::other("the thread that starts worker processes is gone")))
+    answer.await.unwrap_or_else(|_| gone())
 }

@@ -3,6 +3,8 @@
 -- Retries are budgeted on failures, interruptions on their own larger budget, so a server killed
 -- a few times during one step does not use up that step's retries.
 ALTER TABLE steps ADD COLUMN failures BIGINT NOT NULL DEFAULT 0;
+-- Before this, every attempt counted against the retries: steps that failed keep that count.
+UPDATE steps SET failures = attempts WHERE status IN ('retrying', 'failed');
 
 CREATE OR REPLACE FUNCTION resumable_update_step(
     p_run TEXT, p_lease BIGINT, p_position BIGINT, p_attempt BIGINT, p_status TEXT, p_result JSONB,

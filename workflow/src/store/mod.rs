@@ -136,8 +136,8 @@ pub struct StepRecord {
     pub name: String,
     /// Attempts started so far.
     pub attempts: u32,
-    /// Attempts that ended in an error. The others but a running one were interrupted (a crash,
-    /// a lost lease) before they could record an end.
+    /// Attempts that ended in an error. Every other attempt, except one still running, was
+    /// interrupted (by a crash or a lost lease) before it could record an end.
     pub failures: u32,
     /// Where it stands.
     pub state: StepState,

@@ -677,7 +677,7 @@ pub async fn interrupted_attempts_do_not_use_up_retries_but_have_a_budget(backen
     assert_eq!(run.status, RunStatus::Completed, "{run:?}");
     assert_eq!(run.output, Some(json!(5)), "{run:?}");
     // One interruption more than allowed fails the step, saying why.
-    let run = interrupted_step(backend, 3, RetryPolicy { max_interruptions: 2, ..fast_retry(3) }).await;
+    let run = interrupted_step(backend, 3, fast_retry(3).max_interruptions(2)).await;
     assert_eq!(run.status, RunStatus::Failed, "{run:?}");
     let error = run.error.unwrap_or_default();
     assert!(error.contains("attempt 3 was interrupted") && error.contains("more than the 2 allowed"), "{error}");
