@@ -155,6 +155,16 @@ fn indexes_and_types(events: &[Value]) -> Vec<(u64, String)> {
         .collect()
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_says_how_its_worker_processes_are_confined() {
+    let dir = TempDir::new("confined");
+    let server = Server::start(&dir, &[]);
+    let log = server.log_text();
+    let line = log.lines().find(|l| l.contains("worker processes are confined")).unwrap_or_default();
+    assert!(line.contains("seccomp allow-list") && line.contains("no new privileges"), "{log}");
+    assert!(line.contains("3 open descriptors"), "{log}");
+}
+
 on_both_backends! {
     async fn a_plain_script_completes_with_its_result(backend) {
         let Some(f) = Fixture::start_on(backend, "plain", None) else { return };

@@ -275,6 +275,15 @@ impl Runner {
         self.inner.stats.snapshot()
     }
 
+    /// How the worker process that answered last was confined; `None` in thread mode or before
+    /// a worker process answered. Run a trivial script first to learn it at start-up.
+    pub fn worker_confinement(&self) -> Option<crate::process::Confinement> {
+        match &self.inner.backend {
+            Backend::Processes(pool) => pool.confinement(),
+            Backend::Threads(_) => None,
+        }
+    }
+
     /// Runs (or resumes) a script. Must be called from within a tokio runtime;
     /// host functions run on that runtime. The same as `start(request).outcome()`.
     pub async fn run(&self, request: RunRequest) -> Result<Outcome, RunError> {

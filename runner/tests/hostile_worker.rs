@@ -172,9 +172,62 @@ fn fake_worker(mode: &str, arg: Option<&str>) {
             }
             // Answers without ever using the stored token.
             "no-consume" => write_frame(&mut out, &done_completed(json!("without consuming"))),
+            // Confines itself as a real worker does (unless `arg` ends in `:unconfined`), then
+            // tries what a script that took over its worker would try, and says what happened.
+            "probe" => {
+                let arg = arg.unwrap_or_default();
+                let (attempt, unconfined) = match arg.strip_suffix(":unconfined") {
+                    Some(attempt) => (attempt, true),
+                    None => (arg, false),
+                };
+                let parent = std::os::unix::process::parent_id();
+                if !unconfined {
+                    resumable_runner::process::confine_worker().expect("the worker confines itself");
+                }
+                let result = probe(attempt, parent);
+                write_frame(&mut out, &done_completed(json!(result)));
+            }
             other => panic!("unknown mode {other}"),
         }
     }
+}
+
+/// Makes the system call that `attempt` names; its result, or `-errno` when it failed.
+fn probe(attempt: &str, parent: u32) -> i64 {
+    let path = |p: &str| std::ffi::CString::new(p).unwrap();
+    // SAFETY: each call gets valid, NUL-terminated paths and plain integers; the probe wants to
+    // know whether the kernel lets it through, nothing more.
+    let result = unsafe {
+        match attempt.split_once('=').map_or((attempt, ""), |(a, b)| (a, b)) {
+            ("open", file) => libc::open(path(file).as_ptr(), libc::O_RDONLY) as i64,
+            ("parent-environ", _) => {
+                libc::open(path(&format!("/proc/{parent}/environ")).as_ptr(), libc::O_RDONLY) as i64
+            }
+            ("parent-cmdline", _) => {
+                libc::open(path(&format!("/proc/{parent}/cmdline")).as_ptr(), libc::O_RDONLY) as i64
+            }
+            ("socket", _) => libc::socket(libc::AF_INET, libc::SOCK_STREAM, 0) as i64,
+            ("connect", _) => {
+                let address = libc::sockaddr_in {
+                    sin_family: libc::AF_INET as libc::sa_family_t,
+                    sin_port: 80u16.to_be(),
+                    sin_addr: libc::in_addr { s_addr: u32::from_be_bytes([127, 0, 0, 1]).to_be() },
+                    sin_zero: [0; 8],
+                };
+                let size = std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t;
+                libc::connect(0, (&address as *const libc::sockaddr_in).cast(), size) as i64
+            }
+            ("execve", _) => {
+                let program = path("/nonexistent/program");
+                let argv = [program.as_ptr(), std::ptr::null()];
+                let envp = [std::ptr::null()];
+                libc::execve(program.as_ptr(), argv.as_ptr(), envp.as_ptr()) as i64
+            }
+            ("ptrace", _) => libc::ptrace(libc::PTRACE_ATTACH, parent as libc::pid_t, 0, 0),
+            (other, _) => panic!("unknown probe {other}"),
+        }
+    };
+    if result < 0 { -i64::from(std::io::Error::last_os_error().raw_os_error().unwrap_or(0)) } else { result }
 }
 
 // ---- the scenarios ----
@@ -389,6 +442,101 @@ async fn a_stored_token_stays_single_use_whatever_the_worker_does() {
     assert_eq!(effects.refund_calls(), 1, "the approval was never spent");
 }
 
+/// What probing `attempt` in a worker gives: `Ok(result)` when the call returned, `Err` when the
+/// worker died making it.
+async fn probe_in_worker(attempt: &str) -> Result<i64, RunError> {
+    let runner = hostile("probe", Some(attempt.to_owned()));
+    match runner.run(RunRequest::new("return 1")).await? {
+        Outcome::Completed(done) => Ok(done.value.as_i64().expect("a number")),
+        other => panic!("{other:?}"),
+    }
+}
+
+async fn a_confined_worker_can_open_nothing_reach_nothing_and_start_nothing() {
+    let dir = std::env::temp_dir().join(format!("resumable-probe-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let secret = dir.join("secret");
+    std::fs::write(&secret, "00".repeat(32)).unwrap();
+    let database = dir.join("server.db");
+    std::fs::write(&database, "").unwrap();
+    let files = [
+        "open=/etc/passwd".to_owned(),
+        format!("open={}", secret.display()),
+        format!("open={}", database.display()),
+        "parent-environ".to_owned(),
+        "parent-cmdline".to_owned(),
+    ];
+    for attempt in &files {
+        // The call returns EACCES: no file is opened.
+        assert_eq!(probe_in_worker(attempt).await.ok(), Some(-i64::from(libc::EACCES)), "{attempt}");
+        // The same probe unconfined opens it (so this test can fail). The parent's environment
+        // needs the right to trace the parent, which a worker in its own user namespace lacks
+        // even unconfined.
+        if attempt != "parent-environ" {
+            let unconfined = probe_in_worker(&format!("{attempt}:unconfined")).await;
+            assert!(unconfined.as_ref().is_ok_and(|fd| *fd >= 0), "{attempt} unconfined: {unconfined:?}");
+        }
+    }
+    for attempt in ["socket", "connect", "execve", "ptrace"] {
+        // The worker is killed making the call.
+        let confined = probe_in_worker(attempt).await;
+        assert!(confined.as_ref().is_err_and(|e| e.code == ErrorCode::Error), "{attempt}: {confined:?}");
+        // Unconfined, the call returns (whatever the kernel answers).
+        let unconfined = probe_in_worker(&format!("{attempt}:unconfined")).await;
+        assert!(unconfined.is_ok(), "{attempt} unconfined: {unconfined:?}");
+    }
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+async fn a_running_worker_shows_its_confinement_in_proc() {
+    let runner = real();
+    let busy = tokio::spawn({
+        let runner = runner.clone();
+        async move { runner.run(RunRequest::new("for (;;) {}").limits(limits(&[(Limit::Timeout, 3_000)]))).await }
+    });
+    // The real worker among this process's children (the fake ones of other scenarios may still
+    // be going away), once it has confined itself and started the script.
+    let me = std::process::id();
+    let is_real_worker = |pid: u32| {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+        let fields: Vec<&str> =
+            stat.rsplit_once(") ").map(|(_, rest)| rest.split_whitespace().collect()).unwrap_or_default();
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        fields.get(1) == Some(&me.to_string().as_str())
+            && fields.first() != Some(&"Z")
+            && String::from_utf8_lossy(&cmdline).contains("resumable-worker")
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let (worker, confinement) = loop {
+        let found = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .find(|&pid| is_real_worker(pid));
+        if let Some(pid) = found {
+            let confinement = resumable_runner::process::Confinement::of(pid);
+            if confinement.seccomp || Instant::now() > deadline {
+                break (pid, confinement);
+            }
+        }
+        assert!(Instant::now() < deadline, "no worker process started");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(confinement.seccomp, "Seccomp: 2 on every thread: {confinement:?}");
+    assert!(confinement.no_new_privs, "NoNewPrivs: 1 on every thread: {confinement:?}");
+    assert_eq!(confinement.descriptors, 3, "only the three pipes are open: {confinement:?}");
+    assert!(confinement.is_minimal());
+    let fds: Vec<String> = std::fs::read_dir(format!("/proc/{worker}/fd"))
+        .unwrap()
+        .flatten()
+        .filter_map(|fd| std::fs::read_link(fd.path()).ok().map(|l| l.display().to_string()))
+        .collect();
+    assert!(fds.iter().all(|fd| fd.starts_with("pipe:")), "{fds:?}");
+    let outcome = busy.await.unwrap();
+    assert_code(&outcome, ErrorCode::Timeout);
+    assert!(runner.worker_confinement().is_none() || runner.worker_confinement().is_some_and(|c| c.is_minimal()));
+}
+
 /// This process's resident memory.
 fn resident_bytes() -> usize {
     let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
@@ -407,7 +555,13 @@ fn main() {
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     type Scenario = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
-    let scenarios: [(&str, Scenario); 7] = [
+    let scenarios: [(&str, Scenario); 9] = [
+        ("a_confined_worker_can_open_nothing_reach_nothing_and_start_nothing", || {
+            Box::pin(a_confined_worker_can_open_nothing_reach_nothing_and_start_nothing())
+        }),
+        ("a_running_worker_shows_its_confinement_in_proc", || {
+            Box::pin(a_running_worker_shows_its_confinement_in_proc())
+        }),
         ("a_decision_is_spent_only_on_the_recorded_call", || Box::pin(a_decision_is_spent_only_on_the_recorded_call())),
         ("the_ledger_and_interruptions_are_what_the_parent_served", || {
             Box::pin(the_ledger_and_interruptions_are_what_the_parent_served())

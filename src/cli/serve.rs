@@ -57,6 +57,11 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
     lease_secs: u64,
 
+    /// Run scripts even where worker processes cannot be confined (no seccomp, say). Without
+    /// it the server refuses to start there.
+    #[arg(long)]
+    allow_unconfined: bool,
+
     /// Mark the inbox's session cookie Secure (browsers reach the server over HTTPS, e.g. through a
     /// TLS proxy); leave off for plain http://localhost.
     #[arg(long)]
@@ -92,7 +97,7 @@ pub fn execute_serve(args: ServeArgs) -> ExitCode {
     };
     // Untrusted scripts run in killable worker processes: this same program, as `resumable __worker`.
     let processes = match ProcessConfig::current_exe() {
-        Ok(p) => p,
+        Ok(p) => p.allow_unconfined(args.allow_unconfined),
         Err(e) => return usage_error(format!("cannot find this program to start workers: {e}")),
     };
     let config = ServerConfig {

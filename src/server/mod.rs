@@ -172,6 +172,7 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()> + Se
     if keys.is_empty() {
         return Err("no API keys are configured: pass --keys FILE, set RESUMABLE_API_KEYS, or use --demo".into());
     }
+    check_workers(&config.runner).await?;
     let service =
         open_service(&config.db_url, &secret, config.workers, config.demo, config.runner, config.lease).await?;
     let listener = tokio::net::TcpListener::bind(config.listen)
@@ -201,6 +202,30 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()> + Se
         .map_err(|e| format!("server failed: {e}"))?;
     tracing::info!("shutting down: handing running automations back");
     service.automations.engine().shutdown().await;
+    Ok(())
+}
+
+/// Runs a trivial script the way automations will run, to refuse to start (with what to do)
+/// when worker processes cannot be confined and were not allowed to run unconfined, and to log
+/// how they are confined.
+async fn check_workers(runner: &RunnerConfig) -> Result<(), String> {
+    let probe = resumable_runner::Runner::new(runner.clone()).map_err(|e| e.to_string())?;
+    match probe.run(resumable_runner::RunRequest::new("return 1")).await {
+        Ok(_) => {}
+        Err(e) if e.code == resumable_runner::ErrorCode::ConfigurationError => {
+            return Err(format!("{}; pass --allow-unconfined to run scripts without it", e.message));
+        }
+        Err(e) => return Err(format!("a first script could not run: {e}")),
+    }
+    match probe.worker_confinement() {
+        Some(confinement) if confinement.is_minimal() => {
+            tracing::info!(%confinement, "worker processes are confined");
+        }
+        Some(confinement) => {
+            tracing::warn!(%confinement, "worker processes run without full confinement (--allow-unconfined)");
+        }
+        None => tracing::warn!("scripts run on threads of this process, not in confined worker processes"),
+    }
     Ok(())
 }
 

@@ -46,7 +46,11 @@ fn serve() {
     let current = Arc::new(Mutex::new(Current::default()));
     let (jobs, incoming) = mpsc::channel::<Box<JobSpec>>();
     let reader_current = current.clone();
+    let (started, reader_started) = mpsc::sync_channel::<()>(1);
     std::thread::spawn(move || {
+        // Every system call of a thread's start has been made by now: the worker may be
+        // confined (a thread still starting would be killed by the seccomp filter).
+        let _ = started.send(());
         let mut input = BufReader::new(std::io::stdin());
         while let Ok(Some(message)) = read_frame::<_, ToChild>(&mut input) {
             let current = reader_current.lock().unwrap_or_else(|p| p.into_inner());
@@ -78,6 +82,15 @@ fn serve() {
     });
 
     let mut engine = Engine::new();
+    let _ = reader_started.recv();
+    // From here on, guest code may run: nothing but computing and the pipes is left.
+    if let Err(error) = super::confine::confine_worker() {
+        let allowed = std::env::args().any(|a| a == super::confine::ALLOW_UNCONFINED_ARGUMENT);
+        eprintln!("{error}{}", if allowed { "; running unconfined, as allowed" } else { "" });
+        if !allowed {
+            std::process::exit(super::confine::UNCONFINED_EXIT);
+        }
+    }
     while let Ok(spec) = incoming.recv() {
         let (inbox_sender, inbox) = mpsc::channel();
         let abort = Arc::new(AtomicBool::new(false));

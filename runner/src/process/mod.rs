@@ -13,6 +13,7 @@
 //! (`resumable __worker`), and this crate ships `resumable-worker`.
 
 mod child;
+mod confine;
 mod frame;
 mod parent;
 pub(crate) mod protocol;
@@ -20,6 +21,7 @@ mod session;
 mod spawner;
 
 pub use child::{WORKER_ARGUMENT, serve_worker};
+pub use confine::{Confinement, ConfinementError, confine_worker};
 pub(crate) use parent::ProcessPool;
 
 use std::ffi::OsString;
@@ -34,6 +36,7 @@ pub struct ProcessConfig {
     pub(crate) grace: Duration,
     pub(crate) address_space_bytes: u64,
     pub(crate) cpu_seconds: u64,
+    pub(crate) allow_unconfined: bool,
 }
 
 impl ProcessConfig {
@@ -45,6 +48,7 @@ impl ProcessConfig {
             grace: Duration::from_millis(30),
             address_space_bytes: 16 * 1024 * 1024 * 1024,
             cpu_seconds: 3600,
+            allow_unconfined: false,
         }
     }
 
@@ -78,6 +82,14 @@ impl ProcessConfig {
     /// child is replaced before it gets near it.
     pub fn cpu_seconds(mut self, seconds: u64) -> Self {
         self.cpu_seconds = seconds;
+        self
+    }
+
+    /// Lets workers run when they cannot confine themselves (no seccomp on this kernel, say);
+    /// off by default, when such a worker exits and its run fails with
+    /// `RUN_CONFIGURATION_ERROR`. See [`confine_worker`] for what confinement is.
+    pub fn allow_unconfined(mut self, allow: bool) -> Self {
+        self.allow_unconfined = allow;
         self
     }
 }

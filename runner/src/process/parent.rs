@@ -1,6 +1,7 @@
 //! The runner side: a pool of worker processes, killed at deadlines.
 
 use super::ProcessConfig;
+use super::confine::{self, Confinement, UNCONFINED_EXIT};
 use super::protocol::{JobSpec, ToParent};
 use super::session::{Ending, Session};
 use super::spawner::{self, Spawned};
@@ -11,6 +12,7 @@ use crate::event_queue::EventQueue;
 use crate::job::RawOutcome;
 use crate::limits::{Limit, Limits};
 use resumable_host::{CancelSignal, HostFunctions};
+use std::os::unix::fs::DirBuilderExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use tokio::io::AsyncReadExt;
@@ -30,6 +32,8 @@ pub(crate) struct ProcessPool {
     waiting: AtomicUsize,
     capacity: usize,
     stats: Arc<StatsCounters>,
+    /// How the last worker that answered was confined.
+    confinement: Mutex<Option<Confinement>>,
 }
 
 /// One child process and the frames it sends.
@@ -62,7 +66,13 @@ impl ProcessPool {
             waiting: AtomicUsize::new(0),
             capacity: workers + queue_capacity,
             stats,
+            confinement: Mutex::new(None),
         }
+    }
+
+    /// How the last worker process that answered a run was confined (`None` before any did).
+    pub(crate) fn confinement(&self) -> Option<Confinement> {
+        self.confinement.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// Runs `spec` in a worker process; host calls run here, on the caller's runtime. A stored
@@ -106,6 +116,9 @@ impl ProcessPool {
         match ending {
             Ending::Answered(result, lookup) => {
                 self.stats.record(lookup);
+                if let Some(pid) = worker.child.id() {
+                    *self.confinement.lock().unwrap_or_else(|p| p.into_inner()) = Some(Confinement::of(pid));
+                }
                 // Replaced well before its CPU-time limit (RLIMIT_CPU) would kill it mid-run.
                 if cpu_seconds_used(&worker.child).is_some_and(|used| used * 2 >= self.config.cpu_seconds) {
                     let _ = worker.child.start_kill();
@@ -119,8 +132,14 @@ impl ProcessPool {
             }
             Ending::Lost(error) => {
                 let _ = worker.child.start_kill();
-                let _ = worker.child.wait().await;
-                Err(error)
+                match worker.child.wait().await {
+                    Ok(status) if status.code() == Some(UNCONFINED_EXIT) => Err(RunError::new(
+                        ErrorCode::ConfigurationError,
+                        "worker processes cannot be confined here (the log says why); allow unconfined workers \
+                         explicitly to run them anyway",
+                    )),
+                    _ => Err(error),
+                }
             }
         }
     }
@@ -129,10 +148,15 @@ impl ProcessPool {
         let mut command = Command::new(&self.config.program);
         command
             .args(&self.config.args)
+            .args(self.config.allow_unconfined.then_some(confine::ALLOW_UNCONFINED_ARGUMENT))
             .env_clear()
+            // Set, so that the C library reads the time zone once, before the worker is
+            // confined, instead of looking at /etc/localtime again at every local-time call.
+            .env("TZ", ":/etc/localtime")
+            .current_dir(empty_dir()?)
             .stdin(std::process::Stdio::piped())
             .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
+            .stderr(std::process::Stdio::piped())
             .kill_on_drop(true);
         let limits = [
             (libc::RLIMIT_AS, self.config.address_space_bytes),
@@ -140,7 +164,8 @@ impl ProcessPool {
             (libc::RLIMIT_CORE, 0),
         ];
         let parent = std::process::id();
-        // SAFETY: only async-signal-safe calls (setrlimit, prctl, getppid) run between fork and exec.
+        // SAFETY: only async-signal-safe calls (setrlimit, prctl, getppid, and those of
+        // `confine::at_spawn`) run between fork and exec.
         unsafe {
             command.pre_exec(move || {
                 for (resource, value) in limits {
@@ -159,7 +184,7 @@ impl ProcessPool {
                     // The runner exited while the worker started. (No allocation after fork.)
                     return Err(std::io::Error::from_raw_os_error(libc::ESRCH));
                 }
-                Ok(())
+                confine::at_spawn()
             });
         }
         let mut child = match spawner::spawn(command).await {
@@ -177,6 +202,9 @@ impl ProcessPool {
         };
         let stdin = child.stdin.take().ok_or_else(|| RunError::internal("worker process without stdin"))?;
         let mut stdout = child.stdout.take().ok_or_else(|| RunError::internal("worker process without stdout"))?;
+        if let Some(stderr) = child.stderr.take() {
+            tokio::spawn(forward_stderr(stderr, child.id().unwrap_or(0)));
+        }
         let (sender, frames) = mpsc::channel(FRAME_QUEUE);
         let frame_limit = Arc::new(AtomicUsize::new(0));
         let limit = frame_limit.clone();
@@ -194,6 +222,56 @@ impl ProcessPool {
             }
         });
         Ok(Worker { child, stdin, frames, frame_limit })
+    }
+}
+
+/// A private, empty directory for the workers of this process to start in (mode 0700), made once.
+/// Those that processes which are gone left behind are removed (only empty ones can be).
+fn empty_dir() -> Result<std::path::PathBuf, RunError> {
+    static DIR: std::sync::OnceLock<std::path::PathBuf> = std::sync::OnceLock::new();
+    if let Some(dir) = DIR.get() {
+        return Ok(dir.clone());
+    }
+    let temp = std::env::temp_dir();
+    for entry in std::fs::read_dir(&temp).into_iter().flatten().flatten() {
+        let name = entry.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("resumable-workers-")) else { continue };
+        let pid = rest.split('-').next().unwrap_or_default();
+        if !std::path::Path::new("/proc").join(pid).exists() {
+            let _ = std::fs::remove_dir(entry.path());
+        }
+    }
+    let mut suffix = [0u8; 6];
+    getrandom::fill(&mut suffix).map_err(|e| RunError::internal(format!("no randomness: {e}")))?;
+    let suffix: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
+    let dir = temp.join(format!("resumable-workers-{}-{suffix}", std::process::id()));
+    // A new directory (never one that exists), private to this user.
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .map_err(|e| RunError::internal(format!("cannot make the workers' directory: {e}")).retryable(true))?;
+    Ok(DIR.get_or_init(|| dir).clone())
+}
+
+/// What a worker may write to the parent's stderr in its life; the rest is dropped, so a hostile
+/// worker cannot flood the server's log.
+const STDERR_BUDGET: usize = 64 * 1024;
+
+/// Copies what worker `pid` writes to stderr onto this process's stderr, a line at a time, each
+/// marked with the worker and cut to 1 KiB, up to [`STDERR_BUDGET`].
+async fn forward_stderr(stderr: tokio::process::ChildStderr, pid: u32) {
+    use tokio::io::AsyncBufReadExt;
+    let mut lines = tokio::io::BufReader::new(stderr).split(b'\n');
+    let mut budget = STDERR_BUDGET;
+    while let Ok(Some(line)) = lines.next_segment().await {
+        if budget == 0 {
+            continue;
+        }
+        let line = String::from_utf8_lossy(&line[..line.len().min(1024)]).into_owned();
+        let line: String = line.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
+        budget = budget.saturating_sub(line.len());
+        let note = if budget == 0 { " (further output of this worker is dropped)" } else { "" };
+        eprintln!("resumable worker {pid}: {line}{note}");
     }
 }
 
