@@ -141,6 +141,7 @@ pub struct RunRequest {
     resolutions: Vec<Resolution>,
     cancel: Option<CancelSignal>,
     logical_run_id: Option<String>,
+    isolation: Option<Arc<str>>,
 }
 
 impl RunRequest {
@@ -156,6 +157,7 @@ impl RunRequest {
             resolutions: Vec::new(),
             cancel: None,
             logical_run_id: None,
+            isolation: None,
         }
     }
 
@@ -206,6 +208,15 @@ impl RunRequest {
         self.logical_run_id = Some(id.into());
         self
     }
+
+    /// In process mode, runs with different isolation keys never share a worker process: a
+    /// worker that ran a script of one key (a tenant, say) is never given a run of another, so a
+    /// script that took its worker over cannot see other keys' sources, contexts or decisions.
+    /// Runs without a key share workers with each other only.
+    pub fn isolation(mut self, key: impl Into<Arc<str>>) -> Self {
+        self.isolation = Some(key.into());
+        self
+    }
 }
 
 /// Runs scripts on a pool of worker threads or worker processes. Cheap to
@@ -218,7 +229,7 @@ pub struct Runner {
 /// Where scripts execute.
 enum Backend {
     Threads(Pool),
-    Processes(ProcessPool),
+    Processes(Box<ProcessPool>),
 }
 
 struct Inner {
@@ -257,7 +268,12 @@ impl Runner {
                 if !processes.program.exists() {
                     return Err(ConfigError(format!("worker program {} does not exist", processes.program.display())));
                 }
-                Backend::Processes(ProcessPool::new(processes, config.workers, config.queue_capacity, stats.clone()))
+                Backend::Processes(Box::new(ProcessPool::new(
+                    processes,
+                    config.workers,
+                    config.queue_capacity,
+                    stats.clone(),
+                )))
             }
         };
         let inner =
@@ -374,7 +390,8 @@ impl Runner {
                     cache: self.inner.bytecode_cache,
                 };
                 let cancel = request.cancel.clone().unwrap_or_default();
-                pool.run(spec, request.host.clone(), claim, cancel, events).await
+                let key = request.isolation.clone().unwrap_or_else(|| Arc::from(""));
+                pool.run(spec, key, request.host.clone(), claim, cancel, events).await
             }
         };
         match raw? {
@@ -491,6 +508,10 @@ impl Runner {
         let Some(token) = &request.continuation else {
             return Ok((fresh_replay(request)?, None, None));
         };
+        if request.resolutions.is_empty() {
+            // It could only stop at the same interruptions again, having used the token up.
+            return Err(RunError::protocol("a resume must decide at least one interruption; none was given"));
+        }
         let codec = self.inner.codec.as_ref().ok_or_else(no_codec)?;
         // A worker thread can replay a continuation while this thread authenticates and decodes
         // its state; a worker process gets it whole.

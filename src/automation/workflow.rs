@@ -142,7 +142,9 @@ impl Deps {
             )?)
             .context(json!({ "tenant": input.tenant, "policyVersion": input.policy_version, "context": input.context }))
             .audience(AUDIENCE)
-            .logical_run_id(automation_id);
+            .logical_run_id(automation_id)
+            // A worker process that ran one tenant's script never gets another tenant's.
+            .isolation(input.tenant.as_str());
         if let Some(timeout) = input.timeout_ms {
             let limits = LimitOverrides::new()
                 .with(Limit::Timeout, i128::from(timeout))

@@ -37,6 +37,8 @@ pub struct ProcessConfig {
     pub(crate) address_space_bytes: u64,
     pub(crate) cpu_seconds: u64,
     pub(crate) allow_unconfined: bool,
+    pub(crate) max_idle: usize,
+    pub(crate) reuse: bool,
 }
 
 impl ProcessConfig {
@@ -49,6 +51,8 @@ impl ProcessConfig {
             address_space_bytes: 16 * 1024 * 1024 * 1024,
             cpu_seconds: 3600,
             allow_unconfined: false,
+            max_idle: 64,
+            reuse: true,
         }
     }
 
@@ -82,6 +86,20 @@ impl ProcessConfig {
     /// child is replaced before it gets near it.
     pub fn cpu_seconds(mut self, seconds: u64) -> Self {
         self.cpu_seconds = seconds;
+        self
+    }
+
+    /// How many idle workers are kept, across all isolation keys (default 64); past it, the one
+    /// idle longest is stopped. See [`RunRequest::isolation`](crate::RunRequest::isolation).
+    pub fn max_idle(mut self, workers: usize) -> Self {
+        self.max_idle = workers;
+        self
+    }
+
+    /// Whether a worker serves more than one run (default yes). With `false` every run gets a
+    /// fresh process, which costs a process start per run.
+    pub fn reuse(mut self, reuse: bool) -> Self {
+        self.reuse = reuse;
         self
     }
 

@@ -12,6 +12,7 @@ use crate::event_queue::EventQueue;
 use crate::job::RawOutcome;
 use crate::limits::{Limit, Limits};
 use resumable_host::{CancelSignal, HostFunctions};
+use std::collections::{HashMap, VecDeque};
 use std::os::unix::fs::DirBuilderExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,7 +28,8 @@ const FRAME_QUEUE: usize = 16;
 /// Worker processes shared by the runs of one runner.
 pub(crate) struct ProcessPool {
     config: ProcessConfig,
-    idle: Mutex<Vec<Worker>>,
+    /// Idle workers by isolation key, each list oldest first.
+    idle: Mutex<Idle>,
     slots: Semaphore,
     waiting: AtomicUsize,
     capacity: usize,
@@ -61,7 +63,7 @@ impl ProcessPool {
     pub(crate) fn new(config: ProcessConfig, workers: usize, queue_capacity: usize, stats: Arc<StatsCounters>) -> Self {
         ProcessPool {
             config,
-            idle: Mutex::new(Vec::new()),
+            idle: Mutex::new(Idle::default()),
             slots: Semaphore::new(workers),
             waiting: AtomicUsize::new(0),
             capacity: workers + queue_capacity,
@@ -80,6 +82,7 @@ impl ProcessPool {
     pub(crate) async fn run(
         &self,
         spec: JobSpec,
+        key: Arc<str>,
         host: HostFunctions,
         claim: Option<Arc<Claim>>,
         cancel: CancelSignal,
@@ -94,7 +97,7 @@ impl ProcessPool {
         }
         let _waiting = Decrement(&self.waiting);
         let _slot = self.slots.acquire().await.map_err(|_| RunError::internal("the process pool has stopped"))?;
-        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).take(&key);
         let mut worker = match idle {
             Some(worker) => worker,
             None => self.spawn().await?,
@@ -104,7 +107,7 @@ impl ProcessPool {
         if let Some(claim) = &claim
             && let Err(error) = claim.consume_async().await
         {
-            self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(worker);
+            self.keep(key, worker).await;
             return Err(error);
         }
         worker.frame_limit.store(frame_limit(&spec.limits), Ordering::SeqCst);
@@ -123,10 +126,13 @@ impl ProcessPool {
                 if cpu_seconds_used(&worker.child).is_some_and(|used| used * 2 >= self.config.cpu_seconds) {
                     let _ = worker.child.start_kill();
                     let _ = worker.child.wait().await;
-                } else {
+                } else if self.config.reuse {
                     // Between runs an idle worker may send nothing.
                     worker.frame_limit.store(0, Ordering::SeqCst);
-                    self.idle.lock().unwrap_or_else(|p| p.into_inner()).push(worker);
+                    self.keep(key, worker).await;
+                } else {
+                    let _ = worker.child.start_kill();
+                    let _ = worker.child.wait().await;
                 }
                 result
             }
@@ -141,6 +147,20 @@ impl ProcessPool {
                     _ => Err(error),
                 }
             }
+        }
+    }
+
+    /// Keeps `worker` idle for later runs of `key`; past the idle cap, the worker idle longest
+    /// (of any key) is stopped.
+    async fn keep(&self, key: Arc<str>, worker: Worker) {
+        let evicted = {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            idle.put(key, worker);
+            (idle.count > self.config.max_idle).then(|| idle.oldest()).flatten()
+        };
+        if let Some(mut old) = evicted {
+            let _ = old.child.start_kill();
+            let _ = old.child.wait().await;
         }
     }
 
@@ -222,6 +242,45 @@ impl ProcessPool {
             }
         });
         Ok(Worker { child, stdin, frames, frame_limit })
+    }
+}
+
+/// Idle workers by isolation key.
+#[derive(Default)]
+struct Idle {
+    by_key: HashMap<Arc<str>, VecDeque<(u64, Worker)>>,
+    /// Counts puts, so that the worker idle longest can be found.
+    clock: u64,
+    count: usize,
+}
+
+impl Idle {
+    fn take(&mut self, key: &str) -> Option<Worker> {
+        let workers = self.by_key.get_mut(key)?;
+        let (_, worker) = workers.pop_back()?;
+        if workers.is_empty() {
+            self.by_key.remove(key);
+        }
+        self.count -= 1;
+        Some(worker)
+    }
+
+    fn put(&mut self, key: Arc<str>, worker: Worker) {
+        self.clock += 1;
+        self.by_key.entry(key).or_default().push_back((self.clock, worker));
+        self.count += 1;
+    }
+
+    /// Removes the worker that has been idle longest.
+    fn oldest(&mut self) -> Option<Worker> {
+        let key = self.by_key.iter().min_by_key(|(_, workers)| workers.front().map(|(at, _)| *at))?.0.clone();
+        let workers = self.by_key.get_mut(&key)?;
+        let (_, worker) = workers.pop_front()?;
+        if workers.is_empty() {
+            self.by_key.remove(&key);
+        }
+        self.count -= 1;
+        Some(worker)
     }
 }
 

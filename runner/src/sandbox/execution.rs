@@ -271,6 +271,10 @@ struct Bridge<'js> {
     /// The settle functions of the calls made and not settled yet, by call index.
     promises: BTreeMap<u32, (Function<'js>, Function<'js>)>,
     held: Vec<u32>,
+    /// Live calls the script made that have not started: a call starts only once the script's
+    /// jobs have run and the run is still pending, so a call nobody awaits when the script
+    /// returns never runs.
+    requested: Vec<u32>,
     ready: VecDeque<(u32, HostResult)>,
     in_flight: usize,
     interrupted: BTreeSet<u32>,
@@ -357,6 +361,7 @@ impl<'js> RunEnv<'js> {
             next_settle: 0,
             promises: BTreeMap::new(),
             held: Vec::new(),
+            requested: Vec::new(),
             ready: VecDeque::new(),
             in_flight: 0,
             interrupted: BTreeSet::new(),
@@ -622,7 +627,7 @@ fn host_call<'js>(
         let message = format!("the script made host call {index} ({function}), which its continuation does not record");
         return Err(env.fatal(ctx, RunError::protocol(message)));
     }
-    if bridge.in_flight >= env.max_in_flight {
+    if bridge.in_flight + bridge.requested.len() >= env.max_in_flight {
         drop(bridge);
         let message = format!("the script had more than {} host calls in flight", env.max_in_flight);
         return Err(env.fatal(ctx, RunError::new(ErrorCode::BridgeLimit, message)));
@@ -640,8 +645,7 @@ fn host_call<'js>(
         clock: env.shared.clock.get(),
     });
     bridge.promises.insert(index, (resolve, reject));
-    drop(bridge);
-    env.start_host(index, None);
+    bridge.requested.push(index);
     Ok(promise.into_value())
 }
 
@@ -726,6 +730,16 @@ impl<'js> Driver<'_, 'js> {
                         bridge.calls_made, bridge.recorded
                     ))));
                 }
+                if !bridge.requested.is_empty() {
+                    return Step::Done(Err(RunError::new(
+                        ErrorCode::DetachedBridgeRequest,
+                        format!(
+                            "the script returned without awaiting {} host call(s), which were not started; await \
+                             every call",
+                            bridge.requested.len()
+                        ),
+                    )));
+                }
                 if bridge.interrupted.is_empty() {
                     if bridge.in_flight > 0 {
                         return Step::Done(Err(RunError::new(
@@ -740,7 +754,13 @@ impl<'js> Driver<'_, 'js> {
                     return Step::Done(self.completed(promise));
                 }
             }
-            PromiseState::Pending => {}
+            PromiseState::Pending => {
+                // The script's jobs have all run and it still waits: the calls it made start now.
+                let requested = std::mem::take(&mut env.bridge.borrow_mut().requested);
+                for index in requested {
+                    env.start_host(index, None);
+                }
+            }
         }
 
         let mut bridge = env.bridge.borrow_mut();

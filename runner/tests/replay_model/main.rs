@@ -41,8 +41,9 @@
 //! # The properties
 //!
 //! The driver runs a trace round by round: while the outcome is `Interrupted`,
-//! it resolves all pending interruptions, a random non-empty subset of them, or
-//! (rarely) none, and resumes with the continuation. Then it checks:
+//! it resolves all pending interruptions or a random non-empty subset of them (and
+//! rarely first checks that a resume deciding none is refused), and resumes with the
+//! continuation. Then it checks:
 //!
 //! 1. every `ok`/`fail` call reached the host exactly once over all rounds, every
 //!    `ask` exactly twice (first without, then with `resume` naming its own
@@ -75,7 +76,7 @@ use resumable_runner::codec::{SignedCodec, SignedCodecConfig};
 /// CPU-heavy suite never competes with the timing-sensitive runner tests.
 const SECRET: &[u8] = b"an-example-secret-of-at-least-32-bytes!!";
 use resumable_runner::host::{HostCallContext, HostError, HostFunctions};
-use resumable_runner::{ConsoleLine, Interruption, Outcome, Resolution, RunRequest, Runner, RunnerConfig};
+use resumable_runner::{ConsoleLine, ErrorCode, Interruption, Outcome, Resolution, RunRequest, Runner, RunnerConfig};
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap};
 use std::fmt::Write as _;
@@ -585,7 +586,6 @@ impl Model {
         let mut unresolved: BTreeSet<String> = BTreeSet::new();
         let mut resolved: BTreeSet<String> = BTreeSet::new();
         let mut empty_rounds = 0;
-        let mut after_empty_round: Option<(Vec<String>, Vec<ConsoleLine>)> = None;
         let completion = loop {
             stats.rounds += 1;
             if stats.rounds > MAX_ROUNDS {
@@ -616,14 +616,6 @@ impl Model {
                 return Err(format!("logical run id {} instead of {run_id}", suspension.logical_run_id));
             }
             let pending: Vec<&str> = suspension.interruptions.iter().map(|i| i.id.as_str()).collect();
-            if let Some(before) = &after_empty_round {
-                if before.0 != pending || before.1 != suspension.console {
-                    return Err(format!(
-                        "round {}: resumed with no resolution, it ended with {pending:?} instead of {:?}",
-                        stats.rounds, before.0
-                    ));
-                }
-            }
             for id in &unresolved {
                 if !pending.contains(&id.as_str()) {
                     return Err(format!("round {}: unresolved {id} is no longer pending: {pending:?}", stats.rounds));
@@ -645,11 +637,19 @@ impl Model {
             let new = pending.iter().filter(|id| !unresolved.contains(**id)).count();
             stats.interruptions += new;
 
-            // All, a random non-empty subset, or (rarely) none.
-            let chosen: Vec<(String, Value)> = if empty_rounds < 1 && rng.chance(4) {
+            // (Rarely) a resume that decides nothing, which is refused and leaves the
+            // continuation usable; then all, or a random non-empty subset.
+            if empty_rounds < 1 && rng.chance(4) {
                 empty_rounds += 1;
-                Vec::new()
-            } else if decisions.len() > 1 && rng.chance(40) {
+                let nothing = RunRequest::new(source.clone())
+                    .host(self.live.clone())
+                    .resume(suspension.continuation.clone(), Vec::<Resolution>::new());
+                match self.runner(slot, trace).run(nothing).await {
+                    Err(e) if e.code == ErrorCode::ProtocolError => {}
+                    other => return Err(format!("round {}: a resume deciding nothing gave {other:?}", stats.rounds)),
+                }
+            }
+            let chosen: Vec<(String, Value)> = if decisions.len() > 1 && rng.chance(40) {
                 stats.partial_rounds += 1;
                 let mut chosen: Vec<(String, Value)> = decisions.iter().filter(|_| rng.chance(50)).cloned().collect();
                 if chosen.is_empty() {
@@ -661,9 +661,6 @@ impl Model {
             };
             unresolved =
                 decisions.iter().map(|(id, _)| id.clone()).filter(|id| !chosen.iter().any(|c| &c.0 == id)).collect();
-            after_empty_round = chosen
-                .is_empty()
-                .then(|| (pending.iter().map(|id| id.to_string()).collect(), suspension.console.clone()));
             resolved.extend(chosen.iter().map(|(id, _)| id.clone()));
             request = RunRequest::new(source.clone())
                 .host(self.live.clone())

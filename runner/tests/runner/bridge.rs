@@ -102,7 +102,8 @@ async fn bridge_limits_stop_before_the_host_runs_again() {
     let source = "try { await Promise.all([tools.effect(), tools.effect()]) } catch {} return 'caught'";
     let err = error(&runner, RunRequest::new(source).host(tools.host()).limits(one_in_flight)).await;
     assert_code(&err, ErrorCode::BridgeLimit);
-    assert_eq!(tools.count("effect"), 1);
+    // Calls start only once the script waits: the second call is refused before the first starts.
+    assert_eq!(tools.count("effect"), 0);
 
     let tools = Tools::default();
     let small = LimitOverrides::new().with(Limit::HostCallArguments, 100).unwrap();
@@ -173,4 +174,19 @@ async fn getters_and_to_json_never_run_on_the_host_path() {
         try { await tools.echo({ get g() { touched++; return 1 } }) } catch {}
         return [r, touched]"#;
     assert_eq!(value(&runner, RunRequest::new(source).host(tools.host())).await, json!([{ "a": [null, 2] }, 0]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_nobody_awaits_when_the_script_returns_never_runs() {
+    let runner = runner();
+    let tools = Tools::default();
+    for source in ["tools.effect(); return 1", "tools.effect(); tools.echo('x'); return await Promise.resolve(2)"] {
+        let err = error(&runner, RunRequest::new(source).host(tools.host())).await;
+        assert_code(&err, ErrorCode::DetachedBridgeRequest);
+        assert!(err.message.contains("not started"), "{err}");
+    }
+    assert_eq!(tools.total(), 0, "no effect happened in a run that was then lost");
+    // Awaited, the same calls run.
+    let done = value(&runner, RunRequest::new("await tools.effect(); return 1").host(tools.host())).await;
+    assert_eq!((done, tools.count("effect")), (json!(1), 1));
 }

@@ -379,3 +379,21 @@ async fn a_forged_chunk_is_the_verdict_whatever_fails_first() {
     }
     assert_eq!(tools.total(), before, "no forged state reached a host function");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resume_that_decides_nothing_is_refused() {
+    let runner = runner();
+    let tools = Tools::default();
+    let source = "await tools.effect(); return await tools.approve()";
+    let first = suspended(&runner, RunRequest::new(source).host(tools.host())).await;
+    let empty: [Resolution; 0] = [];
+    let err = error(&runner, RunRequest::new(source).host(tools.host()).resume(&first.continuation, empty)).await;
+    assert_code(&err, ErrorCode::ProtocolError);
+    assert!(err.message.contains("at least one interruption"), "{err}");
+    assert_eq!((tools.count("effect"), tools.count("approve")), (1, 1), "nothing ran again");
+    // The same token still resumes with a decision.
+    let decided = RunRequest::new(source)
+        .host(tools.host())
+        .resume(first.continuation, [Resolution::new("interrupt-2", json!("yes"))]);
+    assert_eq!(value(&runner, decided).await, json!("yes"));
+}

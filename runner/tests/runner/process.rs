@@ -178,3 +178,49 @@ fn a_runtime_without_io_is_a_configuration_error() {
     assert_code(&err, ErrorCode::ConfigurationError);
     assert!(err.message.contains("enable_all"), "{}", err.message);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_process_never_serves_two_isolation_keys() {
+    let runner = process_runner(1, "tenants");
+    let pids = || worker_children("tenants").into_iter().map(|(pid, _)| pid).collect::<std::collections::BTreeSet<_>>();
+    let run_as = |tenant: &'static str| {
+        let runner = runner.clone();
+        async move { value(&runner, RunRequest::new("return 1").isolation(tenant)).await }
+    };
+    run_as("acme").await;
+    let acme = pids();
+    assert_eq!(acme.len(), 1, "{acme:?}");
+    run_as("globex").await;
+    let both = pids();
+    assert_eq!(both.len(), 2, "globex got a worker of its own: {both:?}");
+    let globex: Vec<u32> = both.difference(&acme).copied().collect();
+    // Each tenant's next run reuses its own worker, and no other.
+    run_as("acme").await;
+    run_as("globex").await;
+    assert_eq!(pids(), both);
+    // A run without a key shares neither.
+    assert_eq!(value(&runner, RunRequest::new("return 2")).await, json!(2));
+    assert_eq!(pids().len(), 3, "{:?} (globex: {globex:?})", pids());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_workers_are_capped_and_runs_can_each_get_a_fresh_process() {
+    let capped = Runner::new(
+        RunnerConfig::new().workers(1).processes(ProcessConfig::new(WORKER).arg("--tag=capped").max_idle(2)),
+    )
+    .unwrap();
+    for tenant in ["a", "b", "c", "d"] {
+        assert_eq!(value(&capped, RunRequest::new("return 1").isolation(tenant)).await, json!(1));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(worker_children("capped").len(), 2, "only the two most recent stay idle");
+    let fresh = Runner::new(
+        RunnerConfig::new().workers(1).processes(ProcessConfig::new(WORKER).arg("--tag=fresh").reuse(false)),
+    )
+    .unwrap();
+    for _ in 0..3 {
+        assert_eq!(value(&fresh, RunRequest::new("return 1")).await, json!(1));
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(worker_children("fresh").is_empty(), "no worker outlives its run");
+}
