@@ -267,6 +267,15 @@ impl Effects {
                 Ok(json!(1))
             })
             .function("tools.big", |_ctx, _args| async move { Ok(json!("y".repeat(1 << 20))) })
+            .function("tools.ask", |ctx, args| async move {
+                match ctx.resume() {
+                    None => Err(ctx.interrupt(json!({ "asked": args }))),
+                    Some(resume) => {
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        Ok(resume.resolution.clone())
+                    }
+                }
+            })
             .build()
             .unwrap()
     }
@@ -380,8 +389,9 @@ async fn frames_are_capped_by_the_runs_limits() {
         (Limit::Console, 10_000),
         (Limit::HostCalls, 10),
     ]);
-    // The cap the parent documents: arguments + result + console + 64 bytes a call + 64 KiB.
-    let cap = 10_000 * 3 + 10 * 64 + 64 * 1024;
+    // The cap the parent documents: twice the arguments, the result, six times the console,
+    // 80 bytes a call, and 64 KiB.
+    let cap = 10_000 * 2 + 10_000 + 10_000 * 6 + 10 * 80 + 64 * 1024;
     let at = hostile("frame-at-limit", Some(cap.to_string())).run(RunRequest::new("return 1").limits(overrides)).await;
     let Ok(Outcome::Completed(done)) = at else { panic!("{at:?}") };
     assert_eq!(done.value, json!("padded"));
@@ -427,19 +437,24 @@ async fn a_stored_token_stays_single_use_whatever_the_worker_does() {
     let stored = |processes: ProcessConfig| {
         Runner::new(RunnerConfig::new().workers(1).codec(StoredCodec::new(store.clone())).processes(processes)).unwrap()
     };
+    let fake = |mode: &str| ProcessConfig::new(std::env::current_exe().unwrap()).arg("--hostile").arg(mode);
     let first = stored(ProcessConfig::new(REAL_WORKER)).run(RunRequest::new(REFUND).host(effects.host())).await;
     let Ok(Outcome::Interrupted(paused)) = first else { panic!("{first:?}") };
     let id = paused.interruptions[0].id.clone();
     let resume =
         || RunRequest::new(REFUND).host(effects.host()).resume(&paused.continuation, [Resolution::new(&id, json!(1))]);
-    let hostile_worker = ProcessConfig::new(std::env::current_exe().unwrap()).arg("--hostile").arg("no-consume");
-    let skipped = stored(hostile_worker).run(resume()).await.unwrap();
-    let Outcome::Completed(done) = skipped else { panic!("{skipped:?}") };
-    assert_eq!(done.value, json!("without consuming"));
-    // The parent used the token up before the worker saw it.
+    // A worker that answers without resuming the decided call breaks the protocol; nothing ran,
+    // so the token is not used up.
+    let skipped = stored(fake("no-consume")).run(resume()).await;
+    assert_code(&skipped, ErrorCode::ProtocolError);
+    assert_eq!(effects.refund_calls(), 1);
+    // A worker that never asks to use the token still has it used up by the parent, before the
+    // resumed call runs: the token resumes once.
+    let spent = stored(fake("honest-resume")).run(resume()).await.unwrap();
+    assert!(matches!(spent, Outcome::Completed(_)), "{spent:?}");
     let again = stored(ProcessConfig::new(REAL_WORKER)).run(resume()).await;
     assert_code(&again, ErrorCode::ProtocolError);
-    assert_eq!(effects.refund_calls(), 1, "the approval was never spent");
+    assert_eq!(effects.refund_calls(), 2, "the approval was spent once");
 }
 
 /// What probing `attempt` in a worker gives: `Ok(result)` when the call returned, `Err` when the
@@ -534,7 +549,28 @@ async fn a_running_worker_shows_its_confinement_in_proc() {
     assert!(fds.iter().all(|fd| fd.starts_with("pipe:")), "{fds:?}");
     let outcome = busy.await.unwrap();
     assert_code(&outcome, ErrorCode::Timeout);
-    assert!(runner.worker_confinement().is_none() || runner.worker_confinement().is_some_and(|c| c.is_minimal()));
+    // A worker that answers is read once, and found confined.
+    assert_eq!(
+        runner.run(RunRequest::new("return 1")).await.ok().map(|o| matches!(o, Outcome::Completed(_))),
+        Some(true)
+    );
+    assert!(runner.worker_confinement().is_some_and(|c| c.is_minimal()), "{:?}", runner.worker_confinement());
+}
+
+async fn more_decided_calls_than_the_in_flight_limit_resume_together() {
+    let effects = Effects::default();
+    let source = "const a = tools.ask(1); await tools.count(); const b = tools.ask(2); await tools.count();
+        const c = tools.ask(3); await tools.count(); return [await a, await b, await c]";
+    let two = limits(&[(Limit::HostCallsInFlight, 2)]);
+    let runner = real();
+    let first = runner.run(RunRequest::new(source).host(effects.host()).limits(two)).await.unwrap();
+    let Outcome::Interrupted(paused) = first else { panic!("{first:?}") };
+    assert_eq!(paused.interruptions.len(), 3);
+    let decisions = paused.interruptions.iter().map(|i| Resolution::new(&i.id, json!(i.id)));
+    let resumed = RunRequest::new(source).host(effects.host()).limits(two).resume(paused.continuation, decisions);
+    let done = runner.run(resumed).await.unwrap();
+    let Outcome::Completed(done) = done else { panic!("{done:?}") };
+    assert_eq!(done.value, json!(["interrupt-1", "interrupt-3", "interrupt-5"]));
 }
 
 /// This process's resident memory.
@@ -555,7 +591,10 @@ fn main() {
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     type Scenario = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
-    let scenarios: [(&str, Scenario); 9] = [
+    let scenarios: [(&str, Scenario); 10] = [
+        ("more_decided_calls_than_the_in_flight_limit_resume_together", || {
+            Box::pin(more_decided_calls_than_the_in_flight_limit_resume_together())
+        }),
         ("a_confined_worker_can_open_nothing_reach_nothing_and_start_nothing", || {
             Box::pin(a_confined_worker_can_open_nothing_reach_nothing_and_start_nothing())
         }),

@@ -222,7 +222,7 @@ async fn check_workers(runner: &RunnerConfig) -> Result<(), String> {
             tracing::info!(%confinement, "worker processes are confined");
         }
         Some(confinement) => {
-            tracing::warn!(%confinement, "worker processes run without full confinement (--allow-unconfined)");
+            tracing::warn!(%confinement, "worker processes run without full confinement");
         }
         None => tracing::warn!("scripts run on threads of this process, not in confined worker processes"),
     }

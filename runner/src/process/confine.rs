@@ -22,7 +22,12 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
-use seccompiler::{BpfProgram, SeccompAction, SeccompFilter, TargetArch};
+use seccompiler::{
+    BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
+};
+
+/// `prctl(PR_SET_VMA, …)` (Linux 5.17), which names memory mappings.
+const PR_SET_VMA: u64 = 0x5356_4d41;
 
 /// The exit status of a worker that could not confine itself and was not allowed to run
 /// unconfined (`EX_CONFIG`).
@@ -39,6 +44,7 @@ const ALLOWED: &[libc::c_long] = &[
     libc::SYS_readv,
     libc::SYS_writev,
     libc::SYS_close,
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_poll,
     libc::SYS_ppoll,
     // Memory: the allocator and the engine's heap.
@@ -80,17 +86,23 @@ unsafe extern "C" {
 /// `/proc/sys/vm/overcommit_memory` the first time it shrinks a thread's heap, for one). No
 /// file is ever opened or looked at.
 const REFUSED: &[libc::c_long] = &[
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_open,
     libc::SYS_openat,
     libc::SYS_openat2,
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_creat,
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_access,
     libc::SYS_faccessat,
     libc::SYS_faccessat2,
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_stat,
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_lstat,
     libc::SYS_newfstatat,
     libc::SYS_statx,
+    #[cfg(target_arch = "x86_64")]
     libc::SYS_readlink,
     libc::SYS_readlinkat,
 ];
@@ -111,18 +123,29 @@ fn target_arch() -> Result<TargetArch, ConfinementError> {
     TargetArch::try_from(std::env::consts::ARCH).map_err(|e| ConfinementError(format!("seccomp: {e}")))
 }
 
-/// Installs the worker's seccomp filter on every thread of this process (`TSYNC`); a call
-/// outside the allow-list kills the process. Called by [`serve_worker`](super::serve_worker)
+/// Installs the worker's seccomp filters on every thread of this process (`TSYNC`), for good:
+/// from then on this process can compute, use the memory it has, and talk over the pipes it has,
+/// and nothing else; a call outside the allow-list kills it. Called by [`serve_worker`](super::serve_worker)
 /// once the engine has started, and by the tests that probe the confinement.
 pub fn confine_worker() -> Result<(), ConfinementError> {
     let seccomp = |e: seccompiler::BackendError| ConfinementError(format!("seccomp: {e}"));
     let arch = target_arch()?;
-    // Everything outside the allow-list kills; of what it lets through, the file calls then get
-    // EACCES from the second filter (the kernel takes the strictest answer of all filters).
-    let allowed = ALLOWED.iter().chain(REFUSED).map(|&call| (call, Vec::new())).collect::<BTreeMap<_, _>>();
+    // mimalloc names each memory reservation with prctl(PR_SET_VMA, …) and ignores the answer:
+    // that one prctl gets EACCES; any other prctl kills.
+    let set_vma = || {
+        SeccompCondition::new(0, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, PR_SET_VMA)
+            .and_then(|condition| SeccompRule::new(vec![condition]))
+            .map_err(seccomp)
+    };
+    // Everything outside the allow-list kills; of what it lets through, the file calls (and the
+    // prctl above) then get EACCES from the second filter (the kernel takes the strictest answer
+    // of all filters).
+    let mut allowed = ALLOWED.iter().chain(REFUSED).map(|&call| (call, Vec::new())).collect::<BTreeMap<_, _>>();
+    allowed.insert(libc::SYS_prctl, vec![set_vma()?]);
     let allow_list =
         SeccompFilter::new(allowed, SeccompAction::KillProcess, SeccompAction::Allow, arch).map_err(seccomp)?;
-    let refused = REFUSED.iter().map(|&call| (call, Vec::new())).collect::<BTreeMap<_, _>>();
+    let mut refused = REFUSED.iter().map(|&call| (call, Vec::new())).collect::<BTreeMap<_, _>>();
+    refused.insert(libc::SYS_prctl, vec![set_vma()?]);
     let no_files = SeccompFilter::new(refused, SeccompAction::Allow, SeccompAction::Errno(libc::EACCES as u32), arch)
         .map_err(seccomp)?;
     // Installing a filter takes prctl and seccomp calls, which the allow-list does not allow:
@@ -157,9 +180,17 @@ pub(crate) unsafe fn at_spawn() -> std::io::Result<()> {
             return Err(std::io::Error::last_os_error());
         }
         // Every descriptor above stderr closes at exec (the spawning machinery's own pipe is
-        // close-on-exec already).
+        // close-on-exec already). Kernels before 5.11, or container profiles that refuse
+        // close_range, get the same one descriptor at a time.
         if libc::syscall(libc::SYS_close_range, 3u32, u32::MAX, libc::CLOSE_RANGE_CLOEXEC) != 0 {
-            return Err(std::io::Error::last_os_error());
+            let mut limit = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            let highest = libc::c_int::try_from(limit.rlim_cur.min(1 << 20)).unwrap_or(1 << 20);
+            for fd in 3..highest {
+                libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC);
+            }
         }
         // Namespaces where the kernel allows them: with a new user namespace when it may be
         // made, otherwise without; none at all inside a runtime that forbids them.

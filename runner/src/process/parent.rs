@@ -23,7 +23,7 @@ use tokio::time::Instant;
 
 /// Frames a worker may have sent and the parent not read yet: a worker that floods the pipe
 /// waits (its writes block) instead of filling the parent's memory.
-const FRAME_QUEUE: usize = 16;
+const FRAME_QUEUE: usize = 2;
 
 /// Worker processes shared by the runs of one runner.
 pub(crate) struct ProcessPool {
@@ -47,15 +47,19 @@ pub(super) struct Worker {
     pub(super) frames: mpsc::Receiver<Result<ToParent, String>>,
     /// The largest frame the current run may send, in bytes.
     frame_limit: Arc<AtomicUsize>,
+    /// Whether its confinement was read from `/proc` already.
+    confinement_read: bool,
 }
 
-/// The largest frame a run with `limits` may send: a call's arguments, the result, the console
-/// and a few dozen bytes per host call, plus room for the JSON around them.
-fn frame_limit(limits: &Limits) -> usize {
-    let per_call = limits.usize(Limit::HostCalls).saturating_mul(64);
-    [Limit::HostCallArguments, Limit::Result, Limit::Console]
-        .iter()
-        .fold(per_call, |sum, limit| sum.saturating_add(limits.usize(*limit)))
+/// The largest frame a run with `limits` may send: a call's arguments (a JSON text inside a JSON
+/// string: at most twice as long escaped), the result, the console (control characters escape to
+/// six bytes), 80 bytes per host call, and 64 KiB for the JSON around them.
+pub(super) fn frame_limit(limits: &Limits) -> usize {
+    let part = |limit: Limit, factor: usize| limits.usize(limit).saturating_mul(factor);
+    part(Limit::HostCallArguments, 2)
+        .saturating_add(part(Limit::Result, 1))
+        .saturating_add(part(Limit::Console, 6))
+        .saturating_add(part(Limit::HostCalls, 80))
         .saturating_add(64 * 1024)
 }
 
@@ -78,7 +82,8 @@ impl ProcessPool {
     }
 
     /// Runs `spec` in a worker process; host calls run here, on the caller's runtime. A stored
-    /// continuation (`claim`) is consumed before the worker is given the run.
+    /// continuation (`claim`) is consumed by this side, right before the first host function
+    /// runs, so that a worker cannot resume it twice or skip using it.
     pub(crate) async fn run(
         &self,
         spec: JobSpec,
@@ -99,27 +104,32 @@ impl ProcessPool {
         let _slot = self.slots.acquire().await.map_err(|_| RunError::internal("the process pool has stopped"))?;
         let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).take(&key);
         let mut worker = match idle {
-            Some(worker) => worker,
+            Some(mut worker) => {
+                // An idle worker sends nothing; one that did (or died) is not trusted with a run.
+                if matches!(worker.frames.try_recv(), Err(mpsc::error::TryRecvError::Empty)) {
+                    worker
+                } else {
+                    let _ = worker.child.start_kill();
+                    let _ = worker.child.wait().await;
+                    self.spawn().await?
+                }
+            }
             None => self.spawn().await?,
         };
-        // The token is used up here, by the parent, so that a worker cannot resume it twice or
-        // skip using it.
-        if let Some(claim) = &claim
-            && let Err(error) = claim.consume_async().await
-        {
-            self.keep(key, worker).await;
-            return Err(error);
-        }
         worker.frame_limit.store(frame_limit(&spec.limits), Ordering::SeqCst);
         let deadline = Instant::now() + spec.limits.timeout() + self.config.grace;
         let host_cancel = CancelSignal::new();
-        let session = Session::new(host, host_cancel.clone(), spec.replay.logical_run_id.clone(), events);
+        let session = Session::new(host, claim, host_cancel.clone(), spec.replay.logical_run_id.clone(), events);
         let ending = session.drive(&mut worker, spec, deadline, &cancel, self.config.grace).await;
         host_cancel.cancel();
         match ending {
             Ending::Answered(result, lookup) => {
                 self.stats.record(lookup);
-                if let Some(pid) = worker.child.id() {
+                // Read once per worker: confined before its first run, it stays so.
+                if !worker.confinement_read
+                    && let Some(pid) = worker.child.id()
+                {
+                    worker.confinement_read = true;
                     *self.confinement.lock().unwrap_or_else(|p| p.into_inner()) = Some(Confinement::of(pid));
                 }
                 // Replaced well before its CPU-time limit (RLIMIT_CPU) would kill it mid-run.
@@ -241,7 +251,7 @@ impl ProcessPool {
                 }
             }
         });
-        Ok(Worker { child, stdin, frames, frame_limit })
+        Ok(Worker { child, stdin, frames, frame_limit, confinement_read: false })
     }
 }
 
@@ -317,20 +327,36 @@ fn empty_dir() -> Result<std::path::PathBuf, RunError> {
 const STDERR_BUDGET: usize = 64 * 1024;
 
 /// Copies what worker `pid` writes to stderr onto this process's stderr, a line at a time, each
-/// marked with the worker and cut to 1 KiB, up to [`STDERR_BUDGET`].
+/// marked with the worker and cut to 1 KiB (the rest of a longer line is read and dropped), up to
+/// [`STDERR_BUDGET`]. It never holds more than a small buffer, whatever the worker writes.
 async fn forward_stderr(stderr: tokio::process::ChildStderr, pid: u32) {
     use tokio::io::AsyncBufReadExt;
-    let mut lines = tokio::io::BufReader::new(stderr).split(b'\n');
+    let mut input = tokio::io::BufReader::with_capacity(4096, stderr);
+    let mut line: Vec<u8> = Vec::with_capacity(1024);
     let mut budget = STDERR_BUDGET;
-    while let Ok(Some(line)) = lines.next_segment().await {
-        if budget == 0 {
+    loop {
+        let (ended, used) = match input.fill_buf().await {
+            Ok([]) | Err(_) => return,
+            Ok(bytes) => {
+                let end = memchr::memchr(b'\n', bytes);
+                let piece = &bytes[..end.unwrap_or(bytes.len())];
+                let room = 1024usize.saturating_sub(line.len());
+                line.extend_from_slice(&piece[..piece.len().min(room)]);
+                (end.is_some(), end.map_or(bytes.len(), |e| e + 1))
+            }
+        };
+        input.consume(used);
+        if !ended {
             continue;
         }
-        let line = String::from_utf8_lossy(&line[..line.len().min(1024)]).into_owned();
-        let line: String = line.chars().map(|c| if c.is_control() { '?' } else { c }).collect();
-        budget = budget.saturating_sub(line.len());
-        let note = if budget == 0 { " (further output of this worker is dropped)" } else { "" };
-        eprintln!("resumable worker {pid}: {line}{note}");
+        if budget > 0 {
+            let text: String =
+                String::from_utf8_lossy(&line).chars().map(|c| if c.is_control() { '?' } else { c }).collect();
+            budget = budget.saturating_sub(text.len().max(1));
+            let note = if budget == 0 { " (further output of this worker is dropped)" } else { "" };
+            eprintln!("resumable worker {pid}: {text}{note}");
+        }
+        line.clear();
     }
 }
 

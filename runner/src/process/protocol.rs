@@ -77,7 +77,7 @@ pub(crate) struct Settlement {
 }
 
 /// A host call's result, without the host's internal details.
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 pub(crate) enum CallOutcomeFrame {
     Value(Value),
     Interrupt(Value),

@@ -12,6 +12,7 @@ use super::frame::encode_frame;
 use super::parent::Worker;
 use super::protocol::{Answer, CallOutcomeFrame, JobSpec, Settlement, ToChild, ToParent};
 use crate::bytecode_cache::CacheLookup;
+use crate::continuation::Claim;
 use crate::error::{ErrorCode, RunError};
 use crate::event::RunEvent;
 use crate::event_queue::EventQueue;
@@ -60,11 +61,14 @@ pub(super) fn decided_calls(spec: &JobSpec) -> HashMap<u32, DecidedCall> {
     decided
 }
 
-/// A call this side served: what was asked and, once it settled, how.
+/// A call this side served: what was asked and, once it settled, what the worker was sent
+/// (turned into a ledger outcome only if the run ends interrupted).
 struct Served {
     function: String,
     arguments: String,
-    outcome: Option<CallOutcome>,
+    outcome: Option<CallOutcomeFrame>,
+    /// A new call rather than a resumed one.
+    live: bool,
 }
 
 /// What the run's limits allow a worker to ask.
@@ -100,24 +104,45 @@ fn timed_out() -> Ending {
     )
 }
 
-/// Writes `message` unless `stop_at` passes first (a worker that stops reading cannot hold the
-/// parent).
-async fn write(stdin: &mut ChildStdin, message: &ToChild, stop_at: Instant) -> Result<(), Ending> {
+fn aborted() -> Ending {
+    Ending::Lost(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"))
+}
+
+/// Writes `message` unless `stop_at` passes, or `cancel` fires, first: a worker that stops
+/// reading cannot hold the parent.
+async fn write(
+    stdin: &mut ChildStdin,
+    message: &ToChild,
+    stop_at: Instant,
+    cancel: Option<&CancelSignal>,
+) -> Result<(), Ending> {
     let frame = encode_frame(message).map_err(|e| lost(&format!("could not be sent a frame: {e}")))?;
     let written = async {
         stdin.write_all(&frame).await?;
         stdin.flush().await
     };
-    match tokio::time::timeout_at(stop_at, written).await {
-        Ok(Ok(())) => Ok(()),
-        Ok(Err(_)) => Err(lost("stopped reading")),
-        Err(_) => Err(timed_out()),
+    let cancelled = async {
+        match cancel {
+            Some(cancel) => cancel.cancelled().await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        result = tokio::time::timeout_at(stop_at, written) => match result {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(_)) => Err(lost("stopped reading")),
+            Err(_) => Err(timed_out()),
+        },
+        _ = cancelled => Err(aborted()),
     }
 }
 
 /// The parent's half of one run.
 pub(super) struct Session {
     host: HostFunctions,
+    /// The stored token the run resumes from, consumed right before the first host function
+    /// runs (or when the run ends without any).
+    claim: Option<Arc<Claim>>,
     host_cancel: CancelSignal,
     run_id: Arc<str>,
     events: Option<Arc<EventQueue>>,
@@ -126,11 +151,12 @@ pub(super) struct Session {
 impl Session {
     pub(super) fn new(
         host: HostFunctions,
+        claim: Option<Arc<Claim>>,
         host_cancel: CancelSignal,
         run_id: Arc<str>,
         events: Option<Arc<EventQueue>>,
     ) -> Session {
-        Session { host, host_cancel, run_id, events }
+        Session { host, claim, host_cancel, run_id, events }
     }
 
     pub(super) async fn drive(
@@ -144,14 +170,15 @@ impl Session {
         let mut decided = decided_calls(&spec);
         let allowance = Allowance::of(&spec.limits);
         let message = ToChild::Run(Box::new(spec));
-        if let Err(ending) = write(&mut worker.stdin, &message, deadline).await {
+        if let Err(ending) = write(&mut worker.stdin, &message, deadline, Some(cancel)).await {
             return ending;
         }
         let ToChild::Run(spec) = message else { unreachable!("the message was built as a run just above") };
         let prior = &spec.replay.ledger;
         let mut served: BTreeMap<u32, Served> = BTreeMap::new();
         let mut next_live = prior.len() as u64 + 1;
-        let mut in_flight = 0usize;
+        let (mut in_flight, mut in_flight_live) = (0usize, 0usize);
+        let mut consumed = self.claim.is_none();
         let (results, mut settled) = mpsc::unbounded_channel::<(u32, HostResult)>();
         let mut tasks: Vec<tokio::task::JoinHandle<()>> = Vec::new();
         let mut abort_deadline: Option<Instant> = None;
@@ -162,14 +189,25 @@ impl Session {
                     None => break lost("exited unexpectedly (crashed or was killed)"),
                     Some(Err(why)) => break violation(why),
                     Some(Ok(ToParent::Done(answer, lookup))) => {
-                        if in_flight > 0 && matches!(answer, Ok(Answer::Interrupted { .. })) {
-                            break violation("it reported an interruption while host calls were in flight");
+                        if in_flight > 0 && answer.is_ok() {
+                            break violation("it reported an answer while host calls were in flight");
                         }
-                        break match answer.map(|a| outcome(a, prior, &served)) {
-                            Ok(Ok(raw)) => Ending::Answered(Ok(raw), lookup),
-                            Ok(Err(why)) => violation(why),
-                            Err(error) => Ending::Answered(Err(error), lookup),
+                        if !decided.is_empty() && matches!(answer, Ok(Answer::Completed { .. })) {
+                            break violation("it completed without resuming every decided call");
+                        }
+                        let raw = match answer.map(|a| outcome(a, prior, &served, &spec.limits)) {
+                            Ok(Ok(raw)) => raw,
+                            Ok(Err(why)) => break violation(why),
+                            Err(error) => break Ending::Answered(Err(error), lookup),
                         };
+                        // A resume that ends without any host call still uses its token up.
+                        if !consumed
+                            && let Some(claim) = &self.claim
+                            && let Err(error) = claim.consume_async().await
+                        {
+                            break Ending::Answered(Err(error), lookup);
+                        }
+                        break Ending::Answered(Ok(raw), lookup);
                     }
                     Some(Ok(ToParent::Event(event))) => {
                         // The run's end is announced here, from the answer, never by the worker.
@@ -188,8 +226,19 @@ impl Session {
                                 allowance.argument_bytes
                             ));
                         }
-                        if in_flight >= allowance.in_flight {
+                        // Resumed calls all start when the replay ends; they are bounded by the
+                        // decisions, so only live calls count against the in-flight limit.
+                        if !resumed && in_flight_live >= allowance.in_flight {
                             break violation(format!("more than {} host calls in flight", allowance.in_flight));
+                        }
+                        if !consumed {
+                            // The stored token is used up right before the first host function runs.
+                            if let Some(claim) = &self.claim
+                                && let Err(error) = claim.consume_async().await
+                            {
+                                break Ending::Lost(error);
+                            }
+                            consumed = true;
                         }
                         let resume = if resumed {
                             match decided.remove(&index) {
@@ -221,8 +270,9 @@ impl Session {
                             self.host_cancel.clone(),
                         );
                         let mut future = CatchUnwind(self.host.call(&function, context, parsed));
-                        served.insert(index, Served { function, arguments, outcome: None });
+                        served.insert(index, Served { function, arguments, outcome: None, live: !resumed });
                         in_flight += 1;
+                        in_flight_live += usize::from(!resumed);
                         // Answer at once when the host function does not wait.
                         let ready = std::future::poll_fn(|cx| {
                             std::task::Poll::Ready(std::pin::Pin::new(&mut future).poll(cx))
@@ -231,7 +281,8 @@ impl Session {
                         match ready {
                             std::task::Poll::Ready(result) => {
                                 in_flight -= 1;
-                                if let Err(ending) = settle(worker, &mut served, index, result, stop_at).await {
+                                in_flight_live -= usize::from(!resumed);
+                                if let Err(ending) = settle(worker, &mut served, index, result, stop_at, cancel).await {
                                     break ending;
                                 }
                             }
@@ -246,20 +297,18 @@ impl Session {
                 },
                 Some((index, result)) = settled.recv() => {
                     in_flight -= 1;
-                    if let Err(ending) = settle(worker, &mut served, index, result, stop_at).await {
+                    in_flight_live -= usize::from(served.get(&index).is_some_and(|call| call.live));
+                    if let Err(ending) = settle(worker, &mut served, index, result, stop_at, cancel).await {
                         break ending;
                     }
                 }
                 _ = cancel.cancelled(), if abort_deadline.is_none() => {
-                    let _ = write(&mut worker.stdin, &ToChild::Abort, stop_at).await;
-                    abort_deadline = Some(Instant::now() + grace);
+                    let grace_ends = (Instant::now() + grace).min(stop_at);
+                    let _ = write(&mut worker.stdin, &ToChild::Abort, grace_ends, None).await;
+                    abort_deadline = Some(grace_ends);
                 }
                 _ = tokio::time::sleep_until(stop_at) => {
-                    break if abort_deadline.is_some() {
-                        Ending::Lost(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"))
-                    } else {
-                        timed_out()
-                    };
+                    break if abort_deadline.is_some() { aborted() } else { timed_out() };
                 }
             }
         };
@@ -277,25 +326,40 @@ async fn settle(
     index: u32,
     result: HostResult,
     stop_at: Instant,
+    cancel: &CancelSignal,
 ) -> Result<(), Ending> {
-    if let Some(call) = served.get_mut(&index) {
-        call.outcome = Some(CallOutcome::recorded(&result));
+    let message = ToChild::Settled { index, outcome: CallOutcomeFrame::from(result) };
+    write(&mut worker.stdin, &message, stop_at, Some(cancel)).await?;
+    if let (ToChild::Settled { outcome, .. }, Some(call)) = (message, served.get_mut(&index)) {
+        call.outcome = Some(outcome);
     }
-    let outcome = CallOutcomeFrame::from(result);
-    write(&mut worker.stdin, &ToChild::Settled { index, outcome }, stop_at).await
+    Ok(())
 }
 
 /// The run's outcome from the worker's `answer`: for an interruption, the ledger is the `prior`
 /// one with the calls this side `served` (resumed ones in their places, new ones appended), and
 /// only their settle order and clock come from the worker.
-fn outcome(answer: Answer, prior: &[LedgerEntry], served: &BTreeMap<u32, Served>) -> Result<RawOutcome, String> {
+fn outcome(
+    answer: Answer,
+    prior: &[LedgerEntry],
+    served: &BTreeMap<u32, Served>,
+    limits: &Limits,
+) -> Result<RawOutcome, String> {
     let (settled, console) = match answer {
-        Answer::Completed { value, console } => return Ok(RawOutcome::Completed { value, console }),
+        Answer::Completed { value, console } => {
+            let size = serde_json::to_string(&value).map_or(usize::MAX, |text| text.len());
+            if size > limits.usize(Limit::Result) {
+                return Err(format!("it answered a result of {size} bytes, over the limit"));
+            }
+            return Ok(RawOutcome::Completed { value, console });
+        }
         Answer::Interrupted { settled, console } => (settled, console),
     };
     let mut ledger = prior.to_vec();
     for (&index, call) in served {
-        let outcome = call.outcome.clone().ok_or_else(|| format!("call {index} never settled"))?;
+        let sent = call.outcome.as_ref().ok_or_else(|| format!("call {index} never settled"))?;
+        // What the worker recorded from the same frame.
+        let outcome = CallOutcome::recorded(&HostResult::from(sent.clone()));
         let entry = LedgerEntry {
             function: call.function.clone(),
             arguments: call.arguments.clone(),
@@ -324,7 +388,20 @@ fn outcome(answer: Answer, prior: &[LedgerEntry], served: &BTreeMap<u32, Served>
     if timed.len() != served.len() {
         return Err("it did not report when every call it was served settled".into());
     }
+    // What the state decoder will check of the next resume: settles numbered 0, 1, 2, … and
+    // finite clocks.
+    let mut orders: Vec<u32> = ledger.iter().filter_map(|e| e.settle_order).collect();
+    orders.sort_unstable();
+    if orders.iter().enumerate().any(|(i, &order)| order as usize != i) {
+        return Err("it reported settle orders that do not number the settles".into());
+    }
+    if ledger.iter().any(|e| !e.clock.is_finite() || e.clock < 0.0) {
+        return Err("it reported a clock that is not a time".into());
+    }
     let interruptions = pending_interruptions(&ledger)?;
+    if interruptions.is_empty() {
+        return Err("it reported an interruption, but no call is interrupted".into());
+    }
     Ok(RawOutcome::Interrupted { ledger, interruptions, console })
 }
 

@@ -757,8 +757,14 @@ impl<'js> Driver<'_, 'js> {
             PromiseState::Pending => {
                 // The script's jobs have all run and it still waits: the calls it made start now.
                 let requested = std::mem::take(&mut env.bridge.borrow_mut().requested);
-                for index in requested {
-                    env.start_host(index, None);
+                if !requested.is_empty() {
+                    // A run that tripped a limit meanwhile starts nothing: the loop ends it.
+                    if env.guard.should_stop_checking_stack() {
+                        return Step::Continue;
+                    }
+                    for index in requested {
+                        env.start_host(index, None);
+                    }
                 }
             }
         }
