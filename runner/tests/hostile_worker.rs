@@ -415,6 +415,13 @@ async fn a_flood_of_events_keeps_the_parents_memory_bounded() {
     assert_eq!(done.value, json!("flooded"));
     let grown = resident_bytes().saturating_sub(before);
     assert!(grown < 64 << 20, "the parent grew by {grown} bytes");
+    // With a consumer that reads nothing until the end, the events kept stay bounded too.
+    let before = resident_bytes();
+    let live = runner.start(RunRequest::new("return 1").limits(limits(&[(Limit::Timeout, 60_000)]))).events();
+    let outcome = live.outcome().await.unwrap();
+    assert!(matches!(outcome, Outcome::Completed(_)), "{outcome:?}");
+    let grown = resident_bytes().saturating_sub(before);
+    assert!(grown < 64 << 20, "with a lagging consumer the parent grew by {grown} bytes");
 }
 
 async fn a_worker_that_stops_reading_is_killed_at_the_deadline() {

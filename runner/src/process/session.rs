@@ -14,7 +14,7 @@ use super::protocol::{Answer, CallOutcomeFrame, JobSpec, Settlement, ToChild, To
 use crate::bytecode_cache::CacheLookup;
 use crate::continuation::Claim;
 use crate::error::{ErrorCode, RunError};
-use crate::event::RunEvent;
+use crate::event::{EVENT_VALUE_BYTES, RunEvent};
 use crate::event_queue::EventQueue;
 use crate::job::RawOutcome;
 use crate::limits::{Limit, Limits};
@@ -86,6 +86,17 @@ impl Allowance {
             argument_bytes: limits.usize(Limit::HostCallArguments),
         }
     }
+}
+
+/// What the live events of an honest run can add up to, in bytes: its console (escaped), and two
+/// events per host call, each holding at most [`EVENT_VALUE_BYTES`] of value.
+fn event_budget(limits: &Limits) -> usize {
+    let per_call = 2 * (EVENT_VALUE_BYTES + 512);
+    limits
+        .usize(Limit::Console)
+        .saturating_mul(6)
+        .saturating_add(limits.usize(Limit::HostCalls).saturating_mul(per_call))
+        .saturating_add(64 * 1024)
 }
 
 /// A breach of the protocol by the worker: the run fails and the worker is killed.
@@ -178,6 +189,7 @@ impl Session {
         let mut served: BTreeMap<u32, Served> = BTreeMap::new();
         let mut next_live = prior.len() as u64 + 1;
         let (mut in_flight, mut in_flight_live) = (0usize, 0usize);
+        let mut event_budget = event_budget(&spec.limits);
         let mut consumed = self.claim.is_none();
         let (results, mut settled) = mpsc::unbounded_channel::<(u32, HostResult)>();
         let mut tasks: Vec<tokio::task::JoinHandle<()>> = Vec::new();
@@ -213,7 +225,13 @@ impl Session {
                         // The run's end is announced here, from the answer, never by the worker.
                         let live = !event.is_terminal() && !matches!(event, RunEvent::Lagged { .. });
                         if let (Some(events), true) = (&self.events, live) {
-                            events.push(event);
+                            // What an honest worker's events can add up to; past it they are
+                            // dropped, so a consumer that lags holds a bounded amount.
+                            let size = serde_json::to_vec(&event).map_or(usize::MAX, |bytes| bytes.len());
+                            if size <= event_budget {
+                                event_budget -= size;
+                                events.push(event);
+                            }
                         }
                     }
                     Some(Ok(ToParent::Call { index, function, arguments, resumed })) => {
