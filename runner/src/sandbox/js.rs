@@ -67,8 +67,28 @@ pub(crate) fn wrap_source(source: &str) -> String {
 }
 
 /// Compiles a user script; positions in errors refer to the user's lines.
+///
+/// The script runs inside a wrapper function, so a body that closes the wrapper early
+/// (`return 1; }); globalThis.x = 1; (async function () {`) would put code outside it. So the
+/// body is also compiled, and never run, as `(async function () { L: {` body `break L; } })`
+/// with a random label `L`: labels do not cross function boundaries and cannot be guessed, so
+/// that compiles only if the body ends inside the wrapper, where it began. (QuickJS's
+/// `AsyncFunction` constructor cannot do this check: it concatenates too, and evaluates.)
 pub(crate) fn compile_script(ctx: &Ctx<'_>, source: &str) -> Result<Bytecode, String> {
-    compile(ctx, &wrap_source(source), SCRIPT_FILE, WRAPPER_LINES)
+    let bytecode = compile(ctx, &wrap_source(source), SCRIPT_FILE, WRAPPER_LINES)?;
+    let mut nonce = [0u8; 8];
+    getrandom::fill(&mut nonce).map_err(|e| format!("InternalError: no randomness: {e}"))?;
+    let label: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
+    let mut fenced = String::with_capacity(source.len() + 80);
+    fenced.push_str(&format!("(async function () {{ fence_{label}: {{\n"));
+    fenced.push_str(source);
+    fenced.push_str(&format!("\nbreak fence_{label}; }} }})"));
+    match compile(ctx, &fenced, SCRIPT_FILE, WRAPPER_LINES) {
+        Ok(_) => Ok(bytecode),
+        Err(_) => Err("SyntaxError: the script closes its function body early (a `}` with no `{` of its own); \
+             a script is a function body, and nothing of it may run outside"
+            .to_owned()),
+    }
 }
 
 /// Loads bytecode this process compiled and evaluates it in `ctx`.

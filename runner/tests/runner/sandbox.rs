@@ -1,5 +1,5 @@
 use crate::common::*;
-use resumable_runner::RunRequest;
+use resumable_runner::{ErrorCode, RunRequest};
 use serde_json::json;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -97,4 +97,31 @@ async fn date_keeps_working_with_a_deterministic_now() {
                   return [a.getTime() === b, new Date(0).toISOString(), typeof Date(), new D(5).getTime(), new D() instanceof Date, Date.UTC(2020, 0, 1)]";
     let got = value(&runner, RunRequest::new(source)).await;
     assert_eq!(got, json!([true, "1970-01-01T00:00:00.000Z", "string", 5, true, 1577836800000u64]));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_that_closes_its_wrapper_early_is_a_syntax_error_and_nothing_runs() {
+    let runner = runner();
+    let tools = Tools::default();
+    for source in [
+        "return 1; }); tools.effect(); (async function () { return 2;",
+        "return 1; })(); tools.effect(); ({",
+        "}) + tools.effect() + (function () {",
+        "} + { a: tools.effect() ",
+        "}(tools.effect()), ({",
+    ] {
+        let err = error(&runner, RunRequest::new(source).host(tools.host())).await;
+        assert_code(&err, ErrorCode::Error);
+        assert!(err.message.contains("SyntaxError"), "{source}: {err}");
+    }
+    assert_eq!(tools.count("effect"), 0, "no code outside the body ran");
+    // Bodies that only look as if they close something, or use what a function body may, run.
+    for (source, expected) in [
+        ("const s = '}); (function () {'; /* }) */ return s.length", json!(18)),
+        ("'use strict'; return f(); function f() { return 7 }", json!(7)),
+        ("label: { break label; } return `${'}'}`", json!("}")),
+        ("let n = 0; for (const x of [1, 2]) { if (x) { n += x; } } return n", json!(3)),
+    ] {
+        assert_eq!(value(&runner, RunRequest::new(source)).await, expected, "{source}");
+    }
 }
