@@ -66,6 +66,26 @@ pub(crate) fn wrap_source(source: &str) -> String {
     text
 }
 
+/// Whether `text` compiles as a script (the compiled code is dropped, never run or written out).
+fn parses(ctx: &Ctx<'_>, text: &str) -> bool {
+    let raw = ctx.as_raw().as_ptr();
+    let Ok(input) = CString::new(text) else { return false };
+    let file = CString::new(SCRIPT_FILE).expect("file names have no NUL");
+    let flags = (qjs::JS_EVAL_TYPE_GLOBAL | qjs::JS_EVAL_FLAG_COMPILE_ONLY) as i32;
+    // SAFETY: `input` and `file` are NUL-terminated and outlive the call; the compiled value is
+    // freed at once, and an exception is taken off the context (the compiler realm runs no code).
+    unsafe {
+        let compiled = qjs::JS_Eval(raw, input.as_ptr(), text.len() as _, file.as_ptr(), flags);
+        let ok = !qjs::JS_IsException(compiled);
+        if ok {
+            qjs::JS_FreeValue(raw, compiled);
+        } else {
+            qjs::JS_FreeValue(raw, qjs::JS_GetException(raw));
+        }
+        ok
+    }
+}
+
 /// Compiles a user script; positions in errors refer to the user's lines.
 ///
 /// The script runs inside a wrapper function, so a body that closes the wrapper early
@@ -83,12 +103,12 @@ pub(crate) fn compile_script(ctx: &Ctx<'_>, source: &str) -> Result<Bytecode, St
     fenced.push_str(&format!("(async function () {{ fence_{label}: {{\n"));
     fenced.push_str(source);
     fenced.push_str(&format!("\nbreak fence_{label}; }} }})"));
-    match compile(ctx, &fenced, SCRIPT_FILE, WRAPPER_LINES) {
-        Ok(_) => Ok(bytecode),
-        Err(_) => Err("SyntaxError: the script closes its function body early (a `}` with no `{` of its own); \
-             a script is a function body, and nothing of it may run outside"
-            .to_owned()),
+    if parses(ctx, &fenced) {
+        return Ok(bytecode);
     }
+    Err("SyntaxError: the script closes its function body early (a `}` with no `{` of its own); a script is a \
+         function body, and nothing of it may run outside"
+        .to_owned())
 }
 
 /// Loads bytecode this process compiled and evaluates it in `ctx`.
