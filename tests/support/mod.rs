@@ -587,11 +587,13 @@ impl Db {
         AnyConnection::connect(&self.url).await.expect("the database opens")
     }
 
-    /// The refunds applied for `tenant`: (order id, amount in cents), in key order.
-    pub async fn refunds(&self, tenant: &str) -> Vec<(String, i64)> {
+    /// The refunds applied for `tenant`: (idempotency key, order id, amount in cents), in the
+    /// order they were applied.
+    async fn refund_rows(&self, tenant: &str) -> Vec<(String, String, i64)> {
         let mut conn = self.connect().await;
         let rows = sqlx::query_as(
-            "SELECT order_id, amount_cents FROM refunds WHERE tenant = $1 ORDER BY created_at, idempotency_key",
+            "SELECT idempotency_key, order_id, amount_cents FROM refunds WHERE tenant = $1
+             ORDER BY created_at, idempotency_key",
         )
         .bind(tenant)
         .fetch_all(&mut conn)
@@ -601,19 +603,17 @@ impl Db {
         rows
     }
 
-    /// The idempotency keys of the refunds applied for `tenant` (`automation:interruption`), with
-    /// the order and amount of each.
+    /// The refunds applied for `tenant`: (order id, amount in cents), in the order they were applied.
+    pub async fn refunds(&self, tenant: &str) -> Vec<(String, i64)> {
+        self.refund_rows(tenant).await.into_iter().map(|(_, order, amount)| (order, amount)).collect()
+    }
+
+    /// The refunds applied for `tenant` with their idempotency keys (`automation:interruption`),
+    /// sorted by key.
     #[allow(dead_code)]
     pub async fn refund_keys(&self, tenant: &str) -> Vec<(String, String, i64)> {
-        let mut conn = self.connect().await;
-        let rows = sqlx::query_as(
-            "SELECT idempotency_key, order_id, amount_cents FROM refunds WHERE tenant = $1 ORDER BY idempotency_key",
-        )
-        .bind(tenant)
-        .fetch_all(&mut conn)
-        .await
-        .expect("refunds are read");
-        let _ = conn.close().await;
+        let mut rows = self.refund_rows(tenant).await;
+        rows.sort();
         rows
     }
 
