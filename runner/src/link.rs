@@ -98,32 +98,57 @@ impl LocalHost {
                 ))));
             }
         };
-        let call = HostCallContext::new(
-            request.logical_run_id.clone(),
-            request.function,
-            request.index,
-            request.resume,
-            self.cancel.clone(),
-        );
-        let mut future = self.functions.call(request.function, call, arguments);
-        // Most host functions answer without waiting: poll once here and skip
-        // two thread hand-offs; only a pending call goes to the runtime.
-        let polled = {
-            let _runtime = self.tokio.enter();
-            catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(&mut Context::from_waker(Waker::noop()))))
+        let _runtime = self.tokio.enter();
+        let call = HostCall {
+            run_id: request.logical_run_id,
+            function: request.function,
+            index: request.index,
+            resume: request.resume,
+            cancel: &self.cancel,
         };
-        match polled {
-            Ok(Poll::Ready(result)) => Some(result),
-            Ok(Poll::Pending) => {
+        match call.begin(&self.functions, arguments) {
+            Begun::Finished(result) => Some(result),
+            Begun::Running(future) => {
                 let inbox = self.inbox.clone();
                 let index = request.index;
                 self.tasks.borrow_mut().push(self.tokio.spawn(async move {
-                    let result = CatchUnwind(future).await;
+                    let result = future.await;
                     let _ = inbox.send(WorkerMessage::Settled(index, result));
                 }));
                 None
             }
-            Err(_) => Some(Err(panicked())),
+        }
+    }
+}
+
+/// One host call, as both modes dispatch it: in this process for thread mode, in the parent for
+/// process mode.
+pub(crate) struct HostCall<'a> {
+    pub run_id: &'a Arc<str>,
+    pub function: &'a str,
+    pub index: u32,
+    pub resume: Option<Resume>,
+    pub cancel: &'a CancelSignal,
+}
+
+/// A host call after its first poll.
+pub(crate) enum Begun {
+    /// It answered without waiting (most do).
+    Finished(HostResult),
+    /// It waits: the rest runs on the runtime.
+    Running(CatchUnwind),
+}
+
+impl HostCall<'_> {
+    /// Calls the host function with `arguments` and polls it once (a panic is a failed call), so a
+    /// call that does not wait costs no hand-off to the runtime. Call it inside a tokio runtime.
+    pub(crate) fn begin(self, host: &HostFunctions, arguments: Vec<Value>) -> Begun {
+        let context =
+            HostCallContext::new(self.run_id.clone(), self.function, self.index, self.resume, self.cancel.clone());
+        let mut future = CatchUnwind(host.call(self.function, context, arguments));
+        match Pin::new(&mut future).poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(result) => Begun::Finished(result),
+            Poll::Pending => Begun::Running(future),
         }
     }
 }

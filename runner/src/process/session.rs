@@ -18,12 +18,11 @@ use crate::event::{EVENT_VALUE_BYTES, RunEvent};
 use crate::event_queue::EventQueue;
 use crate::job::RawOutcome;
 use crate::limits::{Limit, Limits};
-use crate::link::CatchUnwind;
+use crate::link::{Begun, HostCall};
 use crate::state::{CallOutcome, LedgerEntry, pending_interruptions};
-use resumable_host::{CancelSignal, HostCallContext, HostFunctions, HostResult, Resume};
+use resumable_host::{CancelSignal, HostFunctions, HostResult, Resume};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
-use std::future::Future;
 use std::sync::Arc;
 use tokio::io::AsyncWriteExt;
 use tokio::process::ChildStdin;
@@ -280,31 +279,26 @@ impl Session {
                         let Ok(parsed) = serde_json::from_str::<Vec<Value>>(&arguments) else {
                             break violation(format!("the arguments of call {index} are not a JSON array"));
                         };
-                        let context = HostCallContext::new(
-                            self.run_id.clone(),
-                            function.as_str(),
+                        let call = HostCall {
+                            run_id: &self.run_id,
+                            function: function.as_str(),
                             index,
                             resume,
-                            self.host_cancel.clone(),
-                        );
-                        let mut future = CatchUnwind(self.host.call(&function, context, parsed));
+                            cancel: &self.host_cancel,
+                        };
+                        let begun = call.begin(&self.host, parsed);
                         served.insert(index, Served { function, arguments, outcome: None, live: !resumed });
                         in_flight += 1;
                         in_flight_live += usize::from(!resumed);
-                        // Answer at once when the host function does not wait.
-                        let ready = std::future::poll_fn(|cx| {
-                            std::task::Poll::Ready(std::pin::Pin::new(&mut future).poll(cx))
-                        })
-                        .await;
-                        match ready {
-                            std::task::Poll::Ready(result) => {
+                        match begun {
+                            Begun::Finished(result) => {
                                 in_flight -= 1;
                                 in_flight_live -= usize::from(!resumed);
                                 if let Err(ending) = settle(worker, &mut served, index, result, stop_at, cancel).await {
                                     break ending;
                                 }
                             }
-                            std::task::Poll::Pending => {
+                            Begun::Running(future) => {
                                 let results = results.clone();
                                 tasks.push(tokio::spawn(async move {
                                     let _ = results.send((index, future.await));
