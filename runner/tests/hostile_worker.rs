@@ -389,9 +389,9 @@ async fn frames_are_capped_by_the_runs_limits() {
         (Limit::Console, 10_000),
         (Limit::HostCalls, 10),
     ]);
-    // The cap the parent documents: twice the arguments, the result, six times the console,
+    // The cap the parent documents: twice the arguments, the result, 38 times the console,
     // 80 bytes a call, and 64 KiB.
-    let cap = 10_000 * 2 + 10_000 + 10_000 * 6 + 10 * 80 + 64 * 1024;
+    let cap = 10_000 * 2 + 10_000 + 10_000 * 38 + 10 * 80 + 64 * 1024;
     let at = hostile("frame-at-limit", Some(cap.to_string())).run(RunRequest::new("return 1").limits(overrides)).await;
     let Ok(Outcome::Completed(done)) = at else { panic!("{at:?}") };
     assert_eq!(done.value, json!("padded"));
@@ -404,6 +404,24 @@ async fn frames_are_capped_by_the_runs_limits() {
     assert_code(&huge, ErrorCode::ProtocolError);
     assert!(started.elapsed() < Duration::from_secs(5), "refused when announced");
     assert!(resident_bytes().saturating_sub(before) < 64 << 20, "nothing was allocated for the announced frame");
+}
+
+async fn an_honest_worker_stays_within_the_caps_with_many_short_console_lines() {
+    // Each empty line counts one byte against the console limit but takes some 26 bytes of JSON.
+    let small = limits(&[
+        (Limit::Console, 100_000),
+        (Limit::Result, 1_000),
+        (Limit::HostCallArguments, 1_000),
+        (Limit::HostCalls, 1),
+    ]);
+    let source = "for (let i = 0; i < 200000; i++) console.log(); return 'quiet'";
+    let done = real().run(RunRequest::new(source).limits(small)).await.unwrap();
+    let Outcome::Completed(done) = done else { panic!("{done:?}") };
+    assert_eq!(done.value, json!("quiet"));
+    assert!(done.console.len() > 50_000, "{} lines", done.console.len());
+    let live = real().start(RunRequest::new(source).limits(small)).events();
+    let outcome = live.outcome().await.unwrap();
+    assert!(matches!(outcome, Outcome::Completed(_)), "{outcome:?}");
 }
 
 async fn a_flood_of_events_keeps_the_parents_memory_bounded() {
@@ -598,7 +616,10 @@ fn main() {
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     type Scenario = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
-    let scenarios: [(&str, Scenario); 10] = [
+    let scenarios: [(&str, Scenario); 11] = [
+        ("an_honest_worker_stays_within_the_caps_with_many_short_console_lines", || {
+            Box::pin(an_honest_worker_stays_within_the_caps_with_many_short_console_lines())
+        }),
         ("more_decided_calls_than_the_in_flight_limit_resume_together", || {
             Box::pin(more_decided_calls_than_the_in_flight_limit_resume_together())
         }),

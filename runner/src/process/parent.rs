@@ -53,12 +53,13 @@ pub(super) struct Worker {
 
 /// The largest frame a run with `limits` may send: a call's arguments (a JSON text inside a JSON
 /// string: at most twice as long escaped), the result, the console (control characters escape to
-/// six bytes), 80 bytes per host call, and 64 KiB for the JSON around them.
+/// six bytes, and each line, counted as one byte more than its text, is wrapped in about 32 bytes
+/// of JSON), 80 bytes per host call, and 64 KiB for the JSON around them.
 pub(super) fn frame_limit(limits: &Limits) -> usize {
     let part = |limit: Limit, factor: usize| limits.usize(limit).saturating_mul(factor);
     part(Limit::HostCallArguments, 2)
         .saturating_add(part(Limit::Result, 1))
-        .saturating_add(part(Limit::Console, 6))
+        .saturating_add(part(Limit::Console, 6 + 32))
         .saturating_add(part(Limit::HostCalls, 80))
         .saturating_add(64 * 1024)
 }

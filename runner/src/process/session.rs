@@ -87,13 +87,14 @@ impl Allowance {
     }
 }
 
-/// What the live events of an honest run can add up to, in bytes: its console (escaped), and two
-/// events per host call, each holding at most [`EVENT_VALUE_BYTES`] of value.
+/// What the live events of an honest run can add up to, in bytes: its console (escaped, each line
+/// in an event of about 48 bytes), and two events per host call, each holding at most
+/// [`EVENT_VALUE_BYTES`] of value or message (escaped: up to six times as long).
 fn event_budget(limits: &Limits) -> usize {
-    let per_call = 2 * (EVENT_VALUE_BYTES + 512);
+    let per_call = 2 * (6 * EVENT_VALUE_BYTES + 512);
     limits
         .usize(Limit::Console)
-        .saturating_mul(6)
+        .saturating_mul(6 + 48)
         .saturating_add(limits.usize(Limit::HostCalls).saturating_mul(per_call))
         .saturating_add(64 * 1024)
 }
@@ -294,7 +295,8 @@ impl Session {
                             Begun::Finished(result) => {
                                 in_flight -= 1;
                                 in_flight_live -= usize::from(!resumed);
-                                if let Err(ending) = settle(worker, &mut served, index, result, stop_at, cancel).await {
+                                let watch = abort_deadline.is_none().then_some(cancel);
+                                if let Err(ending) = settle(worker, &mut served, index, result, stop_at, watch).await {
                                     break ending;
                                 }
                             }
@@ -310,7 +312,8 @@ impl Session {
                 Some((index, result)) = settled.recv() => {
                     in_flight -= 1;
                     in_flight_live -= usize::from(served.get(&index).is_some_and(|call| call.live));
-                    if let Err(ending) = settle(worker, &mut served, index, result, stop_at, cancel).await {
+                    let watch = abort_deadline.is_none().then_some(cancel);
+                    if let Err(ending) = settle(worker, &mut served, index, result, stop_at, watch).await {
                         break ending;
                     }
                 }
@@ -338,10 +341,10 @@ async fn settle(
     index: u32,
     result: HostResult,
     stop_at: Instant,
-    cancel: &CancelSignal,
+    cancel: Option<&CancelSignal>,
 ) -> Result<(), Ending> {
     let message = ToChild::Settled { index, outcome: CallOutcomeFrame::from(result) };
-    write(&mut worker.stdin, &message, stop_at, Some(cancel)).await?;
+    write(&mut worker.stdin, &message, stop_at, cancel).await?;
     if let (ToChild::Settled { outcome, .. }, Some(call)) = (message, served.get_mut(&index)) {
         call.outcome = Some(outcome);
     }

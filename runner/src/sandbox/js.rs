@@ -107,7 +107,9 @@ pub(crate) fn compile_script(ctx: &Ctx<'_>, source: &str) -> Result<Bytecode, St
         return Ok(bytecode);
     }
     Err("SyntaxError: the script closes its function body early (a `}` with no `{` of its own); a script is a \
-         function body, and nothing of it may run outside"
+         function body, and nothing of it may run outside (this check reads top-level declarations as \
+         block-scoped, so it also refuses a name declared twice at the top, such as `var f` with \
+         `function f`: rename one)"
         .to_owned())
 }
 
