@@ -482,6 +482,58 @@ async fn a_stored_token_stays_single_use_whatever_the_worker_does() {
     assert_eq!(effects.refund_calls(), 2, "the approval was spent once");
 }
 
+/// A store whose `consume` never answers.
+struct HangingConsume(MemoryContinuationStore);
+
+impl resumable_runner::ContinuationStore for HangingConsume {
+    fn set(
+        &self,
+        key: [u8; 32],
+        record: resumable_runner::StoredContinuation,
+    ) -> resumable_runner::StoreFuture<'_, ()> {
+        self.0.set(key, record)
+    }
+    fn acquire(
+        &self,
+        key: [u8; 32],
+        claim: resumable_runner::ClaimId,
+        lease: Duration,
+    ) -> resumable_runner::StoreFuture<'_, resumable_runner::StoredContinuation> {
+        self.0.acquire(key, claim, lease)
+    }
+    fn consume(&self, _key: [u8; 32], _claim: resumable_runner::ClaimId) -> resumable_runner::StoreFuture<'_, ()> {
+        Box::pin(std::future::pending())
+    }
+    fn release(&self, key: [u8; 32], claim: resumable_runner::ClaimId) -> resumable_runner::StoreFuture<'_, ()> {
+        self.0.release(key, claim)
+    }
+    fn peek(&self, key: [u8; 32]) -> resumable_runner::StoreFuture<'_, resumable_runner::StoredContinuation> {
+        self.0.peek(key)
+    }
+}
+
+async fn a_store_that_hangs_on_consume_cannot_hold_the_run_past_its_deadline() {
+    let effects = Effects::default();
+    let runner = Runner::new(
+        RunnerConfig::new()
+            .workers(1)
+            .codec(StoredCodec::new(Arc::new(HangingConsume(MemoryContinuationStore::new()))))
+            .processes(ProcessConfig::new(REAL_WORKER)),
+    )
+    .unwrap();
+    let first = runner.run(RunRequest::new(REFUND).host(effects.host())).await;
+    let Ok(Outcome::Interrupted(paused)) = first else { panic!("{first:?}") };
+    let resume = RunRequest::new(REFUND)
+        .host(effects.host())
+        .limits(limits(&[(Limit::Timeout, 500)]))
+        .resume(&paused.continuation, [Resolution::new(&paused.interruptions[0].id, json!(1))]);
+    let started = Instant::now();
+    let stuck = runner.run(resume).await;
+    assert_code(&stuck, ErrorCode::Timeout);
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    assert_eq!(effects.refund_calls(), 1, "the resumed call never ran");
+}
+
 /// What probing `attempt` in a worker gives: `Ok(result)` when the call returned, `Err` when the
 /// worker died making it.
 async fn probe_in_worker(attempt: &str) -> Result<i64, RunError> {
@@ -616,7 +668,10 @@ fn main() {
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     type Scenario = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
-    let scenarios: [(&str, Scenario); 11] = [
+    let scenarios: [(&str, Scenario); 12] = [
+        ("a_store_that_hangs_on_consume_cannot_hold_the_run_past_its_deadline", || {
+            Box::pin(a_store_that_hangs_on_consume_cannot_hold_the_run_past_its_deadline())
+        }),
         ("an_honest_worker_stays_within_the_caps_with_many_short_console_lines", || {
             Box::pin(an_honest_worker_stays_within_the_caps_with_many_short_console_lines())
         }),

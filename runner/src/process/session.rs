@@ -215,7 +215,7 @@ impl Session {
                         // A resume that ends without any host call still uses its token up.
                         if !consumed
                             && let Some(claim) = &self.claim
-                            && let Err(error) = claim.consume_async().await
+                            && let Err(error) = consume(claim, stop_at).await
                         {
                             break Ending::Answered(Err(error), lookup);
                         }
@@ -252,7 +252,7 @@ impl Session {
                         if !consumed {
                             // The stored token is used up right before the first host function runs.
                             if let Some(claim) = &self.claim
-                                && let Err(error) = claim.consume_async().await
+                                && let Err(error) = consume(claim, stop_at).await
                             {
                                 break Ending::Lost(error);
                             }
@@ -331,6 +331,16 @@ impl Session {
             task.abort();
         }
         ending
+    }
+}
+
+/// Uses the stored token up, unless `stop_at` passes first (a store that hangs cannot hold the
+/// run past its deadline; the token is then left to its claim's expiry).
+async fn consume(claim: &Claim, stop_at: Instant) -> Result<(), RunError> {
+    match tokio::time::timeout_at(stop_at, claim.consume_async()).await {
+        Ok(result) => result,
+        Err(_) => Err(RunError::new(ErrorCode::Timeout, "the continuation store did not answer within the run's time")
+            .retryable(true)),
     }
 }
 
