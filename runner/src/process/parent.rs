@@ -55,7 +55,7 @@ pub(super) struct Worker {
 /// string: at most twice as long escaped), the result, the console (control characters escape to
 /// six bytes, and each line, counted as one byte more than its text, is wrapped in about 32 bytes
 /// of JSON), 80 bytes per host call, and 64 KiB for the JSON around them.
-pub(super) fn frame_limit(limits: &Limits) -> usize {
+fn frame_limit(limits: &Limits) -> usize {
     let part = |limit: Limit, factor: usize| limits.usize(limit).saturating_mul(factor);
     part(Limit::HostCallArguments, 2)
         .saturating_add(part(Limit::Result, 1))

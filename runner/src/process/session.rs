@@ -70,6 +70,25 @@ struct Served {
     live: bool,
 }
 
+/// Host calls started and not settled yet: all of them, and the live (not resumed) ones.
+#[derive(Default)]
+struct InFlight {
+    all: usize,
+    live: usize,
+}
+
+impl InFlight {
+    fn start(&mut self, live: bool) {
+        self.all += 1;
+        self.live += usize::from(live);
+    }
+
+    fn end(&mut self, live: bool) {
+        self.all -= 1;
+        self.live -= usize::from(live);
+    }
+}
+
 /// What the run's limits allow a worker to ask.
 struct Allowance {
     calls: u64,
@@ -170,6 +189,17 @@ impl Session {
         Session { host, claim, host_cancel, run_id, events }
     }
 
+    /// Uses the stored token up, once, if the run resumes from one.
+    async fn use_token(&self, consumed: &mut bool, stop_at: Instant) -> Result<(), RunError> {
+        if !*consumed {
+            if let Some(claim) = &self.claim {
+                consume(claim, stop_at).await?;
+            }
+            *consumed = true;
+        }
+        Ok(())
+    }
+
     pub(super) async fn drive(
         &self,
         worker: &mut Worker,
@@ -188,20 +218,22 @@ impl Session {
         let prior = &spec.replay.ledger;
         let mut served: BTreeMap<u32, Served> = BTreeMap::new();
         let mut next_live = prior.len() as u64 + 1;
-        let (mut in_flight, mut in_flight_live) = (0usize, 0usize);
+        let mut in_flight = InFlight::default();
         let mut event_budget = event_budget(&spec.limits);
-        let mut consumed = self.claim.is_none();
+        let mut consumed = false;
         let (results, mut settled) = mpsc::unbounded_channel::<(u32, HostResult)>();
         let mut tasks: Vec<tokio::task::JoinHandle<()>> = Vec::new();
         let mut abort_deadline: Option<Instant> = None;
         let ending = loop {
             let stop_at = abort_deadline.map_or(deadline, |a| a.min(deadline));
+            // Once the worker was told to abort, a settle may still reach it within the grace.
+            let watch = abort_deadline.is_none().then_some(cancel);
             tokio::select! {
                 frame = worker.frames.recv() => match frame {
                     None => break lost("exited unexpectedly (crashed or was killed)"),
                     Some(Err(why)) => break violation(why),
                     Some(Ok(ToParent::Done(answer, lookup))) => {
-                        if in_flight > 0 && answer.is_ok() {
+                        if in_flight.all > 0 && answer.is_ok() {
                             break violation("it reported an answer while host calls were in flight");
                         }
                         if !decided.is_empty() && matches!(answer, Ok(Answer::Completed { .. })) {
@@ -213,10 +245,7 @@ impl Session {
                             Err(error) => break Ending::Answered(Err(error), lookup),
                         };
                         // A resume that ends without any host call still uses its token up.
-                        if !consumed
-                            && let Some(claim) = &self.claim
-                            && let Err(error) = consume(claim, stop_at).await
-                        {
+                        if let Err(error) = self.use_token(&mut consumed, stop_at).await {
                             break Ending::Answered(Err(error), lookup);
                         }
                         break Ending::Answered(Ok(raw), lookup);
@@ -246,17 +275,12 @@ impl Session {
                         }
                         // Resumed calls all start when the replay ends; they are bounded by the
                         // decisions, so only live calls count against the in-flight limit.
-                        if !resumed && in_flight_live >= allowance.in_flight {
+                        if !resumed && in_flight.live >= allowance.in_flight {
                             break violation(format!("more than {} host calls in flight", allowance.in_flight));
                         }
-                        if !consumed {
-                            // The stored token is used up right before the first host function runs.
-                            if let Some(claim) = &self.claim
-                                && let Err(error) = consume(claim, stop_at).await
-                            {
-                                break Ending::Lost(error);
-                            }
-                            consumed = true;
+                        // The stored token is used up right before the first host function runs.
+                        if let Err(error) = self.use_token(&mut consumed, stop_at).await {
+                            break Ending::Lost(error);
                         }
                         let resume = if resumed {
                             match decided.remove(&index) {
@@ -289,14 +313,11 @@ impl Session {
                         };
                         let begun = call.begin(&self.host, parsed);
                         served.insert(index, Served { function, arguments, outcome: None, live: !resumed });
-                        in_flight += 1;
-                        in_flight_live += usize::from(!resumed);
+                        in_flight.start(!resumed);
                         match begun {
                             Begun::Finished(result) => {
-                                in_flight -= 1;
-                                in_flight_live -= usize::from(!resumed);
-                                let watch = abort_deadline.is_none().then_some(cancel);
-                                if let Err(ending) = settle(worker, &mut served, index, result, stop_at, watch).await {
+                                let settled = settle(worker, &mut served, &mut in_flight, index, result, stop_at, watch);
+                                if let Err(ending) = settled.await {
                                     break ending;
                                 }
                             }
@@ -310,10 +331,7 @@ impl Session {
                     }
                 },
                 Some((index, result)) = settled.recv() => {
-                    in_flight -= 1;
-                    in_flight_live -= usize::from(served.get(&index).is_some_and(|call| call.live));
-                    let watch = abort_deadline.is_none().then_some(cancel);
-                    if let Err(ending) = settle(worker, &mut served, index, result, stop_at, watch).await {
+                    if let Err(ending) = settle(worker, &mut served, &mut in_flight, index, result, stop_at, watch).await {
                         break ending;
                     }
                 }
@@ -348,11 +366,13 @@ async fn consume(claim: &Claim, stop_at: Instant) -> Result<(), RunError> {
 async fn settle(
     worker: &mut Worker,
     served: &mut BTreeMap<u32, Served>,
+    in_flight: &mut InFlight,
     index: u32,
     result: HostResult,
     stop_at: Instant,
     cancel: Option<&CancelSignal>,
 ) -> Result<(), Ending> {
+    in_flight.end(served.get(&index).is_some_and(|call| call.live));
     let message = ToChild::Settled { index, outcome: CallOutcomeFrame::from(result) };
     write(&mut worker.stdin, &message, stop_at, cancel).await?;
     if let (ToChild::Settled { outcome, .. }, Some(call)) = (message, served.get_mut(&index)) {

@@ -95,7 +95,6 @@ fn parses(ctx: &Ctx<'_>, text: &str) -> bool {
 /// that compiles only if the body ends inside the wrapper, where it began. (QuickJS's
 /// `AsyncFunction` constructor cannot do this check: it concatenates too, and evaluates.)
 pub(crate) fn compile_script(ctx: &Ctx<'_>, source: &str) -> Result<Bytecode, String> {
-    let bytecode = compile(ctx, &wrap_source(source), SCRIPT_FILE, WRAPPER_LINES)?;
     let mut nonce = [0u8; 8];
     getrandom::fill(&mut nonce).map_err(|e| format!("InternalError: no randomness: {e}"))?;
     let label: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
@@ -103,8 +102,10 @@ pub(crate) fn compile_script(ctx: &Ctx<'_>, source: &str) -> Result<Bytecode, St
     fenced.push_str(&format!("(async function () {{ fence_{label}: {{\n"));
     fenced.push_str(source);
     fenced.push_str(&format!("\nbreak fence_{label}; }} }})"));
-    if parses(ctx, &fenced) {
-        return Ok(bytecode);
+    let compiled = compile(ctx, &wrap_source(source), SCRIPT_FILE, WRAPPER_LINES);
+    // A body with a syntax error of its own gets that error, with its position.
+    if compiled.is_err() || parses(ctx, &fenced) {
+        return compiled;
     }
     Err("SyntaxError: the script closes its function body early (a `}` with no `{` of its own); a script is a \
          function body, and nothing of it may run outside (this check reads top-level declarations as \
