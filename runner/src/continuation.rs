@@ -213,33 +213,24 @@ impl ContinuationCodec {
 
     /// Verifies `token` for `audience` and decodes its state; a stored token is claimed.
     ///
-    /// With `overlap`, a signed token is opened for a run that overlaps its parts
+    /// A signed token in chunks is opened for a run that overlaps its parts
     /// ([`Opened::Streamed`]): everything but its state is authenticated here, and its state is
     /// authenticated chunk by chunk as it is decoded.
-    pub(crate) async fn open(
-        &self,
-        token: &Arc<str>,
-        audience: &str,
-        limits: &Limits,
-        overlap: bool,
-    ) -> Result<Opened, RunError> {
+    pub(crate) async fn open(&self, token: &Arc<str>, audience: &str, limits: &Limits) -> Result<Opened, RunError> {
         if token.len() as u64 > limits.get(Limit::Continuation) {
             return Err(rejected("token is larger than the continuation limit"));
         }
         let now = SystemTime::now();
         let decoded = match self {
-            ContinuationCodec::Signed(codec) if overlap => {
-                match codec.open(token, audience, now).map_err(token_error)? {
-                    SignedState::Chunked(chunked) => {
-                        let (feed, receiver) = LedgerFeed::new();
-                        let limit = limits.usize(Limit::Continuation);
-                        let rest = StateStream { token: Arc::clone(token), chunked, limit, feed };
-                        return Ok(Opened::Streamed { feed: receiver, rest });
-                    }
-                    SignedState::Decoded(state) => Ok(state),
+            ContinuationCodec::Signed(codec) => match codec.open(token, audience, now).map_err(token_error)? {
+                SignedState::Chunked(chunked) => {
+                    let (feed, receiver) = LedgerFeed::new();
+                    let limit = limits.usize(Limit::Continuation);
+                    let rest = StateStream { token: Arc::clone(token), chunked, limit, feed };
+                    return Ok(Opened::Streamed { feed: receiver, rest });
                 }
-            }
-            ContinuationCodec::Signed(codec) => codec.decode(token, audience, now),
+                SignedState::Decoded(state) => Ok(state),
+            },
             ContinuationCodec::Sealed(codec) => codec.decode(token, audience, now),
             ContinuationCodec::Stored(codec) => return open_stored(codec, token, audience, limits).await,
         };
@@ -330,6 +321,17 @@ impl StateStream {
     /// on the run whatever else failed first (as [`SignedCodec::decode`] would refuse the
     /// token before decompressing it).
     pub(crate) fn finish(self) -> (Option<StateHead>, Result<(), RunError>) {
+        self.finish_forwarding(|_, _| {})
+    }
+
+    /// As [`finish`](Self::finish), also handing each stretch of the decoded state, as it is
+    /// decoded, to `forward` with the state's whole length: for a worker process, which parses
+    /// the state itself while it is decoded here. A stretch may be used before the chunks
+    /// after it are authenticated, so only to compute what nothing trusts before the verdict.
+    pub(crate) fn finish_forwarding(
+        self,
+        mut forward: impl FnMut(usize, &[u8]),
+    ) -> (Option<StateHead>, Result<(), RunError>) {
         let StateStream { token, mut chunked, limit, feed } = self;
         let mut head = None;
         let state_len = chunked.len();
@@ -342,10 +344,14 @@ impl StateStream {
                 while next_chunk(bytes)? {}
             }
             let mut decoder = FrameDecoder::new(bytes, state_len, limit).map_err(decompress_error)?;
-            let mut parser = StateParser::new(decoder.total());
+            let total = decoder.total();
+            let mut parser = StateParser::new(total);
+            let mut forwarded = 0;
             while let Some(end) = decoder.next_frame_end() {
                 while bytes.len() < end && next_chunk(bytes)? {}
                 let so_far = decoder.next_frame(bytes).map_err(decompress_error)?.unwrap_or_default();
+                forward(total, &so_far[forwarded.min(so_far.len())..]);
+                forwarded = so_far.len();
                 let mut entries = Vec::new();
                 let mut listened = true;
                 parser

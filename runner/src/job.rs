@@ -13,27 +13,53 @@ use serde_json::Value;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
-use std::sync::mpsc;
+use std::sync::mpsc::{self, RecvTimeoutError};
+use std::time::Duration;
 
-/// One run, ready to execute.
-pub(crate) struct Job {
+/// A run as the engine needs it: the script, what it may call, its limits and its recorded past.
+/// A worker thread gets it inside a [`Job`]; a worker process gets it in a frame.
+#[derive(Serialize, Deserialize)]
+pub(crate) struct PreparedRun {
     pub source: Arc<str>,
     pub source_hash: [u8; 32],
+    /// The scope (audience, context, host functions) a continuation must have been made for.
+    pub scope_hash: [u8; 32],
     /// Sorted full names of the host functions the script may call.
     pub functions: Arc<[String]>,
     pub limits: Limits,
     pub replay: Replay,
-    pub inbox: mpsc::Receiver<WorkerMessage>,
-    pub abort: Arc<AtomicBool>,
+    /// Whether the runner can sign a continuation (without, an interruption fails the run).
     pub can_interrupt: bool,
+    /// Bounds of the worker's bytecode cache.
+    pub cache: BytecodeCacheConfig,
+}
+
+/// One run, ready to execute, with the ends it talks through.
+pub(crate) struct Job {
+    pub run: PreparedRun,
+    /// Where settled host calls and an abort arrive.
+    pub inbox: Box<dyn Inbox + Send>,
+    /// Set when the caller gives up; the engine checks it between jobs and in its interrupt handler.
+    pub abort: Arc<AtomicBool>,
     /// How host calls (and the consumption of a stored continuation) leave the worker.
     pub link: Option<HostLink>,
     /// Where live events go; `None` when nobody asked for them (then none are made).
     pub events: Option<Box<dyn EventSink>>,
-    /// Bounds of the worker's bytecode cache.
-    pub cache: BytecodeCacheConfig,
     /// Set by the worker: whether the bytecode came from its cache.
     pub lookup: Option<CacheLookup>,
+}
+
+/// Where the messages a run waits for come from: a channel in thread mode, the pipe from the
+/// parent in a worker process.
+pub(crate) trait Inbox {
+    /// The next message, waiting at most `timeout`.
+    fn next(&self, timeout: Duration) -> Result<WorkerMessage, RecvTimeoutError>;
+}
+
+impl Inbox for mpsc::Receiver<WorkerMessage> {
+    fn next(&self, timeout: Duration) -> Result<WorkerMessage, RecvTimeoutError> {
+        self.recv_timeout(timeout)
+    }
 }
 
 /// The recorded past of the run (empty for a first run).
@@ -57,8 +83,6 @@ pub(crate) struct Replay {
 /// id come from that head). Only authenticated parts of the state arrive in `feed`.
 pub(crate) struct Streamed {
     pub feed: LedgerFeed,
-    /// The scope the state must have been made for.
-    pub scope_hash: [u8; 32],
     /// How many calls the state records, once its head has arrived.
     pub count: usize,
 }
@@ -66,7 +90,13 @@ pub(crate) struct Streamed {
 /// Sent to the worker while a run executes.
 pub(crate) enum WorkerMessage {
     /// A host call that is not settled inline has finished.
-    Settled(u32, HostResult),
+    Settled {
+        index: u32,
+        result: HostResult,
+        /// The logical time of the settle, chosen by the parent in process mode; `None` when the
+        /// engine reads the wall clock itself.
+        clock: Option<f64>,
+    },
     /// The caller gave up on the run.
     Abort,
 }

@@ -113,7 +113,7 @@ impl LocalHost {
                 let index = request.index;
                 self.tasks.borrow_mut().push(self.tokio.spawn(async move {
                     let result = future.await;
-                    let _ = inbox.send(WorkerMessage::Settled(index, result));
+                    let _ = inbox.send(WorkerMessage::Settled { index, result, clock: None });
                 }));
                 None
             }

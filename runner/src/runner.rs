@@ -7,15 +7,15 @@ use crate::error::{ErrorCode, RunError};
 use crate::event::EventSink;
 use crate::event_queue::EventQueue;
 use crate::handle::RunHandle;
-use crate::job::{Job, RawOutcome, Replay, Streamed, WorkerMessage};
+use crate::job::{Job, PreparedRun, RawOutcome, Replay, Streamed, WorkerMessage};
 use crate::limits::{Limit, LimitOverrides, Limits};
 use crate::link::{HostLink, LocalHost};
 use crate::outcome::{Completion, Outcome, Resolution, Suspension};
 use crate::pool::{Pool, Task, answer_soon};
-use crate::process::protocol::JobSpec;
-use crate::process::{ProcessConfig, ProcessPool};
-use crate::state::{CallOutcome, ContinuationState, LedgerEntry, StateHead, scope_hash, source_hash};
-use crate::text::clip;
+use crate::process::{ProcessConfig, ProcessJob, ProcessPool};
+use crate::state::{
+    CallOutcome, ContinuationState, LedgerEntry, StateHead, check_head, scope_hash, source_hash, unknown_interruption,
+};
 use base64::Engine as _;
 use resumable_host::{CancelSignal, HostFunctions};
 use serde_json::Value;
@@ -333,67 +333,68 @@ impl Runner {
                 ),
             ));
         }
-        let tokio = tokio::runtime::Handle::try_current().map_err(|_| {
-            RunError::new(ErrorCode::ConfigurationError, "Runner::run must be called inside a tokio runtime")
-        })?;
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(RunError::new(
+                ErrorCode::ConfigurationError,
+                "Runner::run must be called inside a tokio runtime",
+            ));
+        }
         let source_hash = source_hash(&request.source);
         let scope = scope_hash(&request.audience, request.host.names(), &request.context, &source_hash);
         let (replay, claim, rest) = self.replay(request, &limits, &source_hash, &scope).await?;
-        let result =
-            self.execute(request, limits, tokio, source_hash, scope, replay, claim.clone(), rest, events).await;
+        let run = PreparedRun {
+            source: request.source.clone(),
+            source_hash,
+            scope_hash: scope,
+            functions: request.host.names().map(str::to_string).collect(),
+            limits,
+            replay,
+            can_interrupt: self.inner.codec.is_some(),
+            cache: self.inner.bytecode_cache,
+        };
+        let result = self.execute(request, run, claim.clone(), rest, events).await;
         if let Some(claim) = claim {
             claim.release_unless_consumed().await;
         }
         result
     }
 
-    #[allow(clippy::too_many_arguments)]
     async fn execute(
         &self,
         request: &RunRequest,
-        limits: Limits,
-        tokio: tokio::runtime::Handle,
-        source_hash: [u8; 32],
-        scope: [u8; 32],
-        replay: Replay,
+        run: PreparedRun,
         claim: Option<Arc<Claim>>,
         rest: Option<StateStream>,
         events: Option<Arc<EventQueue>>,
     ) -> Result<Outcome, RunError> {
-        let mut seed = replay.seed;
-        let mut start_clock = replay.start_clock;
-        let mut logical_run_id = replay.logical_run_id.clone();
+        let (source_hash, scope, limits) = (run.source_hash, run.scope_hash, run.limits);
+        let mut seed = run.replay.seed;
+        let mut start_clock = run.replay.start_clock;
+        let mut logical_run_id = run.replay.logical_run_id.clone();
 
-        let raw = match &self.inner.backend {
+        let (raw, decoded) = match &self.inner.backend {
             Backend::Threads(pool) => {
                 let events = events.map(|queue| Box::new(queue) as Box<dyn EventSink>);
-                let mut decoded = None;
-                let raw = self
-                    .run_on_thread(pool, request, limits, tokio, source_hash, replay, claim, rest, &mut decoded, events)
-                    .await;
-                // A streamed continuation's head, as this thread decoded it (the worker ran on
-                // the same, authenticated, one).
-                if let Some(head) = decoded {
-                    (seed, start_clock, logical_run_id) = (head.seed, head.start_clock, head.logical_run_id.into());
-                }
-                raw
+                self.run_on_thread(pool, request, run, claim, rest, events).await
             }
             Backend::Processes(pool) => {
-                let spec = JobSpec {
-                    source: request.source.clone(),
-                    source_hash,
-                    functions: request.host.names().map(str::to_string).collect(),
-                    limits,
-                    replay,
-                    can_interrupt: self.inner.codec.is_some(),
-                    events: events.is_some(),
-                    cache: self.inner.bytecode_cache,
+                let job = ProcessJob {
+                    run,
+                    rest,
+                    key: request.isolation.clone().unwrap_or_else(|| Arc::from("")),
+                    host: request.host.clone(),
+                    claim,
+                    cancel: request.cancel.clone().unwrap_or_default(),
+                    events,
                 };
-                let cancel = request.cancel.clone().unwrap_or_default();
-                let key = request.isolation.clone().unwrap_or_else(|| Arc::from(""));
-                pool.run(spec, key, request.host.clone(), claim, cancel, events).await
+                pool.run(job).await
             }
         };
+        // A streamed continuation's head, as this process decoded it (the worker ran on the same,
+        // authenticated, one).
+        if let Some(head) = decoded {
+            (seed, start_clock, logical_run_id) = (head.seed, head.start_clock, head.logical_run_id.into());
+        }
         match raw? {
             RawOutcome::Completed { value, console } => Ok(Outcome::Completed(Completion { value, console })),
             RawOutcome::Interrupted { ledger, interruptions, console } => {
@@ -417,54 +418,38 @@ impl Runner {
         }
     }
 
-    /// Runs a job on a worker thread of this process.
-    #[allow(clippy::too_many_arguments)]
+    /// Runs a job on a worker thread of this process; also answers the head of a streamed
+    /// continuation, as this thread decoded it.
     async fn run_on_thread(
         &self,
         pool: &Pool,
         request: &RunRequest,
-        limits: Limits,
-        tokio: tokio::runtime::Handle,
-        source_hash: [u8; 32],
-        replay: Replay,
+        run: PreparedRun,
         claim: Option<Arc<Claim>>,
         rest: Option<StateStream>,
-        decoded: &mut Option<StateHead>,
         events: Option<Box<dyn EventSink>>,
-    ) -> Result<RawOutcome, RunError> {
+    ) -> (Result<RawOutcome, RunError>, Option<StateHead>) {
+        let limits = run.limits;
         let (reply, mut answer) = tokio::sync::oneshot::channel();
         let (inbox_sender, inbox) = mpsc::channel();
         let abort = Arc::new(AtomicBool::new(false));
         let link = HostLink::Local(LocalHost {
             functions: request.host.clone(),
-            tokio,
+            tokio: tokio::runtime::Handle::current(),
             inbox: inbox_sender.clone(),
             cancel: CancelSignal::new(),
             claim,
             tasks: Default::default(),
         });
-        let job = Job {
-            source: request.source.clone(),
-            source_hash,
-            functions: request.host.names().map(str::to_string).collect(),
-            limits,
-            replay,
-            inbox,
-            abort: abort.clone(),
-            can_interrupt: self.inner.codec.is_some(),
-            link: Some(link),
-            events,
-            cache: self.inner.bytecode_cache,
-            lookup: None,
-        };
+        let job = Job { run, inbox: Box::new(inbox), abort: abort.clone(), link: Some(link), events, lookup: None };
         if let Err(error) = pool.submit(Task { job, reply }) {
             // A forged state is refused as such.
-            return Err(rest.and_then(|rest| rest.authenticate().err()).unwrap_or(error));
+            return (Err(rest.and_then(|rest| rest.authenticate().err()).unwrap_or(error)), None);
         }
         // The worker replays the continuation while its state is authenticated and decoded here.
-        let mut authentic = Ok(());
+        let (mut decoded, mut authentic) = (None, Ok(()));
         if let Some(rest) = rest {
-            (*decoded, authentic) = rest.finish();
+            (decoded, authentic) = rest.finish();
         }
         let mut stop = StopOnDrop { abort, inbox: inbox_sender, armed: true };
         let cancel = request.cancel.clone().unwrap_or_default();
@@ -487,7 +472,7 @@ impl Runner {
         };
         stop.armed = false;
         // A forged chunk is the verdict, whatever the worker made of the authentic ones first.
-        authentic.and(result)
+        (authentic.and(result), decoded)
     }
 
     /// Verifies `token` (signature, expiry, store state) and describes its pending
@@ -513,10 +498,8 @@ impl Runner {
             return Err(RunError::protocol("a resume must decide at least one interruption; none was given"));
         }
         let codec = self.inner.codec.as_ref().ok_or_else(no_codec)?;
-        // A worker thread can replay a continuation while this thread authenticates and decodes
-        // its state; a worker process gets it whole.
-        let overlap = matches!(self.inner.backend, Backend::Threads(_));
-        match codec.open(token, &request.audience, limits, overlap).await? {
+        // A worker can replay a continuation while this thread authenticates and decodes its state.
+        match codec.open(token, &request.audience, limits).await? {
             Opened::Whole { state, claim } => match resumed_replay(state, request, limits, source, scope) {
                 Ok(replay) => Ok((replay, claim, None)),
                 Err(error) => {
@@ -532,7 +515,7 @@ impl Runner {
                     // A forged state is refused as such.
                     Err(error) => return Err(rest.authenticate().err().unwrap_or(error)),
                 };
-                let streamed = Streamed { feed, scope_hash: *scope, count: 0 };
+                let streamed = Streamed { feed, count: 0 };
                 // The run id, seed and clock are the state's, which the worker reads from the
                 // head that arrives first in the feed.
                 let replay = Replay {
@@ -600,28 +583,6 @@ fn resumed_replay(
     })
 }
 
-/// Checks the head of a continuation's state against a run: made for its source and scope,
-/// recording no more calls than its limit.
-pub(crate) fn check_head(
-    head: &StateHead,
-    source: &[u8; 32],
-    scope: &[u8; 32],
-    limits: &Limits,
-) -> Result<(), RunError> {
-    if &head.source_hash != source {
-        return Err(RunError::protocol("continuation rejected: it was made for a different source"));
-    }
-    if &head.scope_hash != scope {
-        return Err(RunError::protocol(
-            "continuation rejected: it was made for a different scope (audience, context or host functions)",
-        ));
-    }
-    if head.count as u64 > limits.get(Limit::HostCalls) {
-        return Err(RunError::new(ErrorCode::BridgeLimit, "the continuation records more host calls than the limit"));
-    }
-    Ok(())
-}
-
 /// The decisions of `request` by call index. With `ledger`, each must answer one of its
 /// interrupted calls; without, the worker checks that once it has the whole ledger.
 fn resolutions_of(request: &RunRequest, ledger: Option<&[LedgerEntry]>) -> Result<HashMap<u32, Value>, RunError> {
@@ -639,11 +600,6 @@ fn resolutions_of(request: &RunRequest, ledger: Option<&[LedgerEntry]>) -> Resul
         }
     }
     Ok(resolutions)
-}
-
-/// The error for a resolution that names no interrupted call.
-pub(crate) fn unknown_interruption(id: &str) -> RunError {
-    RunError::protocol(format!("unknown interruption id {:?}", clip(id, 64)))
 }
 
 /// `interrupt-<k>` with k ≥ 1 in canonical decimal.

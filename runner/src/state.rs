@@ -13,7 +13,10 @@
 
 use std::sync::Arc;
 
+use crate::error::{ErrorCode, RunError};
 use crate::leb128::{self, Leb128Error};
+use crate::limits::{Limit, Limits};
+use crate::text::clip;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
@@ -586,6 +589,33 @@ pub(crate) fn canonical_json(value: &Value, out: &mut String) {
         }
         other => out.push_str(&other.to_string()),
     }
+}
+
+/// Checks the head of a continuation's state against a run: made for its source and scope,
+/// recording no more calls than its limit.
+pub(crate) fn check_head(
+    head: &StateHead,
+    source: &[u8; 32],
+    scope: &[u8; 32],
+    limits: &Limits,
+) -> Result<(), RunError> {
+    if &head.source_hash != source {
+        return Err(RunError::protocol("continuation rejected: it was made for a different source"));
+    }
+    if &head.scope_hash != scope {
+        return Err(RunError::protocol(
+            "continuation rejected: it was made for a different scope (audience, context or host functions)",
+        ));
+    }
+    if head.count as u64 > limits.get(Limit::HostCalls) {
+        return Err(RunError::new(ErrorCode::BridgeLimit, "the continuation records more host calls than the limit"));
+    }
+    Ok(())
+}
+
+/// The error for a resolution that names no interrupted call.
+pub(crate) fn unknown_interruption(id: &str) -> RunError {
+    RunError::protocol(format!("unknown interruption id {:?}", clip(id, 64)))
 }
 
 #[cfg(test)]

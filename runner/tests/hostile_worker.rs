@@ -55,25 +55,77 @@ fn done_completed(value: Value) -> Value {
     json!({ "Done": [{ "Ok": { "Completed": { "value": value, "console": [] } } }, null] })
 }
 
+fn read_bytes(input: &mut impl Read) -> Option<Vec<u8>> {
+    let mut length = [0u8; 4];
+    input.read_exact(&mut length).ok()?;
+    let mut body = vec![0u8; u32::from_le_bytes(length) as usize];
+    input.read_exact(&mut body).ok()?;
+    Some(body)
+}
+
+/// One entry of a run's prior ledger, as far as the fake worker needs it.
+struct Entry {
+    function: String,
+    arguments: String,
+    interrupted: bool,
+}
+
+/// The prior ledger that follows a run's frame, in the continuation state's encoding: magic,
+/// version, two hashes, run id, seed and clock, then the entries, then a checksum.
+fn parse_ledger(bytes: &[u8]) -> Vec<Entry> {
+    fn uint(bytes: &mut &[u8]) -> u64 {
+        let mut value = 0;
+        for shift in (0..64).step_by(7) {
+            let (&byte, rest) = bytes.split_first().expect("a whole integer");
+            *bytes = rest;
+            value |= u64::from(byte & 0x7F) << shift;
+            if byte & 0x80 == 0 {
+                break;
+            }
+        }
+        value
+    }
+    fn take<'a>(bytes: &mut &'a [u8], n: usize) -> &'a [u8] {
+        let (head, rest) = bytes.split_at(n);
+        *bytes = rest;
+        head
+    }
+    fn text(bytes: &mut &[u8]) -> String {
+        let length = uint(bytes) as usize;
+        String::from_utf8(take(bytes, length).to_vec()).expect("text")
+    }
+    let mut bytes = bytes;
+    take(&mut bytes, 4);
+    uint(&mut bytes);
+    take(&mut bytes, 64);
+    text(&mut bytes);
+    take(&mut bytes, 16);
+    let count = uint(&mut bytes);
+    (0..count)
+        .map(|_| {
+            let (function, arguments) = (text(&mut bytes), text(&mut bytes));
+            let tag = take(&mut bytes, 1)[0];
+            text(&mut bytes);
+            if tag == 1 && take(&mut bytes, 1)[0] == 1 {
+                text(&mut bytes);
+            }
+            if take(&mut bytes, 1)[0] == 1 {
+                uint(&mut bytes);
+            }
+            take(&mut bytes, 8);
+            Entry { function, arguments, interrupted: tag == 2 }
+        })
+        .collect()
+}
+
 /// The first interrupted entry of the run's ledger that has a decision: (index, function, arguments).
-fn decided_entry(run: &Value) -> Option<(u64, String, String)> {
-    let replay = &run["Run"]["replay"];
-    let ledger = replay["ledger"].as_array()?;
+fn decided_entry(run: &Value, ledger: &[Entry]) -> Option<(u64, String, String)> {
+    let replay = &run["Run"]["run"]["replay"];
     ledger.iter().enumerate().find_map(|(i, entry)| {
         let index = i as u64 + 1;
         let decided = replay["resolutions"].get(index.to_string()).is_some();
-        (decided && entry["outcome"].get("Interrupted").is_some()).then(|| {
-            (
-                index,
-                entry["function"].as_str().unwrap_or_default().to_owned(),
-                entry["arguments"].as_str().unwrap_or_default().to_owned(),
-            )
-        })
+        (decided && entry.interrupted).then(|| (index, entry.function.clone(), entry.arguments.clone()))
     })
-}
-
-fn next_live(run: &Value) -> u64 {
-    run["Run"]["replay"]["ledger"].as_array().map_or(0, Vec::len) as u64 + 1
 }
 
 /// Serves runs on stdin/stdout the way `mode` says, forever.
@@ -81,10 +133,12 @@ fn fake_worker(mode: &str, arg: Option<&str>) {
     let mut input = std::io::stdin().lock();
     let mut out = std::io::stdout().lock();
     while let Some(run) = read_frame(&mut input) {
+        let ledger = parse_ledger(&read_bytes(&mut input).expect("the ledger after the run"));
+        let next_live = || ledger.len() as u64 + 1;
         match mode {
             // Spends the decision on another order and amount than the approver saw.
             "forged-resume" | "honest-resume" => {
-                let (index, function, arguments) = decided_entry(&run).expect("a decided call");
+                let (index, function, arguments) = decided_entry(&run, &ledger).expect("a decided call");
                 let arguments = if mode == "forged-resume" { r#"["A-1004",31000]"#.to_owned() } else { arguments };
                 write_frame(&mut out, &call(index, &function, &arguments, true));
                 let settled = read_frame(&mut input).unwrap_or(Value::Null);
@@ -92,10 +146,10 @@ fn fake_worker(mode: &str, arg: Option<&str>) {
             }
             // Makes a call, lets it interrupt, then claims another ledger and other interruptions.
             "forged-ledger" => {
-                write_frame(&mut out, &call(next_live(&run), "tools.refund", r#"["A-1002",1500]"#, false));
+                write_frame(&mut out, &call(next_live(), "tools.refund", r#"["A-1002",1500]"#, false));
                 let _ = read_frame(&mut input);
                 let forged = json!({ "Done": [{ "Ok": { "Interrupted": {
-                    "settled": [{ "index": 1, "settle_order": null, "clock": 0.0 }],
+                    "settled": [{ "index": 1, "settle_order": null }],
                     "console": [],
                     "ledger": [{ "function": "tools.refund", "arguments": "[\"A-1004\",31000]" }],
                     "interruptions": [{ "id": "interrupt-1", "function": "tools.refund",
@@ -105,28 +159,28 @@ fn fake_worker(mode: &str, arg: Option<&str>) {
             }
             // Reports a settle time for a call it was never served.
             "unserved-settlement" => {
-                write_frame(&mut out, &call(next_live(&run), "tools.refund", r#"["A-1002",1500]"#, false));
+                write_frame(&mut out, &call(next_live(), "tools.refund", r#"["A-1002",1500]"#, false));
                 let _ = read_frame(&mut input);
                 let forged = json!({ "Done": [{ "Ok": { "Interrupted": {
-                    "settled": [{ "index": 1, "settle_order": null, "clock": 0.0 },
-                                { "index": 2, "settle_order": 0, "clock": 0.0 }],
+                    "settled": [{ "index": 1, "settle_order": null },
+                                { "index": 2, "settle_order": 0 }],
                     "console": []
                 } } }, null] });
                 write_frame(&mut out, &forged);
             }
             // Skips ahead of the ledger.
-            "skipped-index" => write_frame(&mut out, &call(next_live(&run) + 5, "tools.count", "[]", false)),
+            "skipped-index" => write_frame(&mut out, &call(next_live() + 5, "tools.count", "[]", false)),
             // A resumed call where there is nothing to resume.
             "undecided-resume" => write_frame(&mut out, &call(1, "tools.refund", r#"["A-1002",1500]"#, true)),
             // Arguments one byte over the argument limit (`arg` bytes).
             "large-arguments" => {
                 let limit: usize = arg.and_then(|a| a.parse().ok()).unwrap_or(0);
                 let arguments = format!("[\"{}\"]", "x".repeat(limit + 1 - 4));
-                write_frame(&mut out, &call(next_live(&run), "tools.count", &arguments, false));
+                write_frame(&mut out, &call(next_live(), "tools.count", &arguments, false));
             }
             // More calls than the host-call limit, each answered.
             "too-many-calls" => {
-                for index in next_live(&run)..next_live(&run) + 10 {
+                for index in next_live()..next_live() + 10 {
                     write_frame(&mut out, &call(index, "tools.count", "[]", false));
                     if read_frame(&mut input).is_none() {
                         return;
@@ -136,7 +190,7 @@ fn fake_worker(mode: &str, arg: Option<&str>) {
             }
             // More calls in flight than allowed: slow calls, none awaited.
             "too-many-in-flight" => {
-                for index in next_live(&run)..next_live(&run) + 10 {
+                for index in next_live()..next_live() + 10 {
                     write_frame(&mut out, &call(index, "tools.slow", "[]", false));
                 }
                 std::thread::sleep(Duration::from_secs(30));
@@ -167,7 +221,7 @@ fn fake_worker(mode: &str, arg: Option<&str>) {
             }
             // Asks for a large result and never reads again.
             "stops-reading" => {
-                write_frame(&mut out, &call(next_live(&run), "tools.big", "[]", false));
+                write_frame(&mut out, &call(next_live(), "tools.big", "[]", false));
                 std::thread::sleep(Duration::from_secs(30));
             }
             // Answers without ever using the stored token.

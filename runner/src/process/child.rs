@@ -1,16 +1,23 @@
-//! The worker-process side: read jobs from stdin, run them, answer on stdout.
+//! The worker-process side: one thread reads a job from stdin, runs it and answers on stdout.
+//! While the run replays its ledger or waits on host calls, that same thread reads the ledger and
+//! the settles from stdin (see [`input`](super::input)), so nothing costs a hand-off between
+//! threads.
 
-use super::frame::{read_frame, write_frame};
+use super::frame::write_frame;
+use super::input::{Input, PipeInbox, PipedState, SharedState};
 use super::protocol::{Answer, JobSpec, Settlement, ToChild, ToParent};
 use crate::error::RunError;
 use crate::event::{EventSink, RunEvent};
-use crate::job::{Job, RawOutcome, WorkerMessage};
+use crate::job::{Job, RawOutcome, Streamed};
+use crate::ledger_feed::LedgerFeed;
 use crate::limits::MAX_STACK_BYTES;
 use crate::link::{CallRequest, HostLink, RemoteHost};
 use crate::sandbox::Engine;
-use std::io::{BufReader, BufWriter, Stdout, Write};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, mpsc};
+use std::fs::File;
+use std::io::BufWriter;
+use std::os::fd::FromRawFd;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 
 /// The argument that makes the `resumable` CLI (or any program following the
 /// same convention) act as a worker process.
@@ -27,14 +34,7 @@ pub fn serve_worker() -> ! {
     std::process::exit(if matches!(served, Ok(true)) { 0 } else { 70 })
 }
 
-type Output = Arc<Mutex<BufWriter<Stdout>>>;
-
-/// Where frames for the run in progress go.
-#[derive(Default)]
-struct Current {
-    inbox: Option<mpsc::Sender<WorkerMessage>>,
-    abort: Option<Arc<AtomicBool>>,
-}
+type Output = Arc<Mutex<BufWriter<File>>>;
 
 fn send(output: &Output, message: &ToParent) -> Result<(), RunError> {
     let mut out = output.lock().unwrap_or_else(|p| p.into_inner());
@@ -42,47 +42,13 @@ fn send(output: &Output, message: &ToParent) -> Result<(), RunError> {
 }
 
 fn serve() {
-    let output: Output = Arc::new(Mutex::new(BufWriter::new(std::io::stdout())));
-    let current = Arc::new(Mutex::new(Current::default()));
-    let (jobs, incoming) = mpsc::channel::<Box<JobSpec>>();
-    let reader_current = current.clone();
-    let (started, reader_started) = mpsc::sync_channel::<()>(1);
-    std::thread::spawn(move || {
-        // Every system call of a thread's start has been made by now: the worker may be
-        // confined (a thread still starting would be killed by the seccomp filter).
-        let _ = started.send(());
-        let mut input = BufReader::new(std::io::stdin());
-        while let Ok(Some(message)) = read_frame::<_, ToChild>(&mut input) {
-            let current = reader_current.lock().unwrap_or_else(|p| p.into_inner());
-            let deliver = |message| {
-                if let Some(inbox) = &current.inbox {
-                    let _ = inbox.send(message);
-                }
-            };
-            match message {
-                ToChild::Run(spec) => {
-                    if jobs.send(spec).is_err() {
-                        return;
-                    }
-                }
-                ToChild::Settled { index, outcome } => deliver(WorkerMessage::Settled(index, outcome.into())),
-                ToChild::Abort => {
-                    if let Some(abort) = &current.abort {
-                        abort.store(true, Ordering::SeqCst);
-                    }
-                    deliver(WorkerMessage::Abort);
-                }
-            }
-        }
-        // The runner closed the pipe or died: nobody can use what this process computes, so it
-        // ends now, even in the middle of a run (a worker never outlives its runner).
-        // SAFETY: _exit ends the process at once, without running atexit handlers or destructors
-        // while another thread may be inside QuickJS; it touches no memory of this process.
-        unsafe { libc::_exit(0) };
-    });
+    // SAFETY: descriptors 0 and 1 are the pipes from and to the runner, open for the life of
+    // the process; nothing else in this process reads 0 or writes 1 (panics and the log go to 2).
+    let (input, output) = unsafe { (File::from_raw_fd(0), File::from_raw_fd(1)) };
+    let input = Arc::new(Mutex::new(Input::new(input)));
+    let output: Output = Arc::new(Mutex::new(BufWriter::with_capacity(64 * 1024, output)));
 
     let mut engine = Engine::new();
-    let _ = reader_started.recv();
     // From here on, guest code may run: nothing but computing and the pipes is left.
     if let Err(error) = super::confine::confine_worker() {
         let allowed = std::env::args().any(|a| a == super::confine::ALLOW_UNCONFINED_ARGUMENT);
@@ -91,33 +57,36 @@ fn serve() {
             std::process::exit(super::confine::UNCONFINED_EXIT);
         }
     }
-    while let Ok(spec) = incoming.recv() {
-        let (inbox_sender, inbox) = mpsc::channel();
-        let abort = Arc::new(AtomicBool::new(false));
-        *current.lock().unwrap_or_else(|p| p.into_inner()) =
-            Current { inbox: Some(inbox_sender), abort: Some(abort.clone()) };
+    loop {
+        let frame = input.lock().unwrap_or_else(|p| p.into_inner()).frame();
+        let spec = match frame {
+            ToChild::Run(spec) => spec,
+            // What the runner sent for a run that has ended (an abort after its answer).
+            ToChild::Settled { .. } | ToChild::Abort => continue,
+        };
+        let JobSpec { mut run, events, spin } = *spec;
+        input.lock().unwrap_or_else(|p| p.into_inner()).spin = spin;
+        // The prior ledger follows, and is parsed while the script replays it.
+        let state = Arc::new(Mutex::new(PipedState::new(input.clone())));
+        let feed = LedgerFeed::from_source(Box::new(SharedState(state.clone())));
+        run.replay.streamed = Some(Streamed { feed, count: 0 });
         let sent = Arc::new(Mutex::new(Vec::new()));
         let link = HostLink::Remote(Box::new(PipeHost { output: output.clone(), sent: sent.clone() }));
-        let events = spec.events.then(|| Box::new(PipeEvents { output: output.clone() }) as Box<dyn EventSink>);
+        let events = events.then(|| Box::new(PipeEvents { output: output.clone() }) as Box<dyn EventSink>);
         let mut job = Job {
-            source: spec.source,
-            source_hash: spec.source_hash,
-            functions: spec.functions,
-            limits: spec.limits,
-            replay: spec.replay,
-            inbox,
-            abort,
-            can_interrupt: spec.can_interrupt,
+            run,
+            inbox: Box::new(PipeInbox(input.clone())),
+            // The runner aborts a run by a frame, which the inbox reads.
+            abort: Arc::new(AtomicBool::new(false)),
             link: Some(link),
             events,
-            cache: spec.cache,
             lookup: None,
         };
         let result = match engine.as_mut() {
             Ok(engine) => engine.execute(&mut job),
             Err(error) => Err(error.clone()),
         };
-        *current.lock().unwrap_or_else(|p| p.into_inner()) = Current::default();
+        state.lock().unwrap_or_else(|p| p.into_inner()).finish_reading();
         let sent = std::mem::take(&mut *sent.lock().unwrap_or_else(|p| p.into_inner()));
         if send(&output, &ToParent::Done(result.map(|raw| answer(raw, &sent)), job.lookup)).is_err() {
             return;
@@ -131,10 +100,9 @@ fn serve() {
             }
         }
     }
-    let _ = output.lock().map(|mut out| out.flush());
 }
 
-/// The answer to send for `raw`: for an interrupted run, when each call in `sent` settled.
+/// The answer to send for `raw`: for an interrupted run, how each call in `sent` settled.
 fn answer(raw: RawOutcome, sent: &[u32]) -> Answer {
     match raw {
         RawOutcome::Completed { value, console } => Answer::Completed { value, console },
@@ -143,7 +111,7 @@ fn answer(raw: RawOutcome, sent: &[u32]) -> Answer {
                 .iter()
                 .filter_map(|&index| {
                     let entry = ledger.get(usize::try_from(index).ok()?.checked_sub(1)?)?;
-                    Some(Settlement { index, settle_order: entry.settle_order, clock: entry.clock })
+                    Some(Settlement { index, settle_order: entry.settle_order })
                 })
                 .collect();
             Answer::Interrupted { settled, console }

@@ -20,6 +20,14 @@ pub(crate) fn write_frame<W: Write, T: Serialize>(out: &mut W, message: &T) -> i
 
 /// Reads one frame; `Ok(None)` at a clean end of stream.
 pub(crate) fn read_frame<R: Read, T: DeserializeOwned>(input: &mut R) -> io::Result<Option<T>> {
+    match read_bytes(input)? {
+        Some(body) => serde_json::from_slice(&body).map(Some).map_err(io::Error::other),
+        None => Ok(None),
+    }
+}
+
+/// Reads one frame's bytes, whatever they hold; `Ok(None)` at a clean end of stream.
+pub(crate) fn read_bytes<R: Read>(input: &mut R) -> io::Result<Option<Vec<u8>>> {
     let mut length = [0u8; 4];
     match input.read_exact(&mut length) {
         Ok(()) => {}
@@ -32,18 +40,18 @@ pub(crate) fn read_frame<R: Read, T: DeserializeOwned>(input: &mut R) -> io::Res
     }
     let mut body = vec![0u8; length];
     input.read_exact(&mut body)?;
-    serde_json::from_slice(&body).map(Some).map_err(io::Error::other)
+    Ok(Some(body))
 }
 
 /// Encodes one frame for an async writer.
 pub(crate) fn encode_frame<T: Serialize>(message: &T) -> io::Result<Vec<u8>> {
-    let body = serde_json::to_vec(message).map_err(io::Error::other)?;
-    if body.len() > MAX_FRAME_BYTES {
+    let mut out = vec![0; 4];
+    serde_json::to_writer(&mut out, message).map_err(io::Error::other)?;
+    let length = out.len() - 4;
+    if length > MAX_FRAME_BYTES {
         return Err(io::Error::other("frame too large"));
     }
-    let mut out = Vec::with_capacity(body.len() + 4);
-    out.extend_from_slice(&(body.len() as u32).to_le_bytes());
-    out.extend_from_slice(&body);
+    out[..4].copy_from_slice(&(length as u32).to_le_bytes());
     Ok(out)
 }
 

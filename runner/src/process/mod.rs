@@ -15,14 +15,17 @@
 mod child;
 mod confine;
 mod frame;
+mod input;
 mod parent;
+mod pipes;
 pub(crate) mod protocol;
 mod session;
 mod spawner;
+mod spin;
 
 pub use child::{WORKER_ARGUMENT, serve_worker};
 pub use confine::{Confinement, ConfinementError, confine_worker};
-pub(crate) use parent::ProcessPool;
+pub(crate) use parent::{ProcessJob, ProcessPool};
 
 use std::ffi::OsString;
 use std::path::PathBuf;

@@ -2,28 +2,25 @@
 
 use super::ProcessConfig;
 use super::confine::{self, Confinement, UNCONFINED_EXIT};
-use super::protocol::{JobSpec, ToParent};
+use super::pipes::Pipes;
+use super::protocol::JobSpec;
 use super::session::{Ending, Session};
 use super::spawner::{self, Spawned};
+use super::spin::Cores;
 use crate::bytecode_cache::StatsCounters;
-use crate::continuation::Claim;
+use crate::continuation::{Claim, StateStream};
 use crate::error::{ErrorCode, RunError};
 use crate::event_queue::EventQueue;
-use crate::job::RawOutcome;
-use crate::limits::{Limit, Limits};
+use crate::job::{PreparedRun, RawOutcome};
+use crate::state::StateHead;
 use resumable_host::{CancelSignal, HostFunctions};
 use std::collections::{HashMap, VecDeque};
 use std::os::unix::fs::DirBuilderExt;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use tokio::io::AsyncReadExt;
-use tokio::process::{Child, ChildStdin, ChildStdout, Command};
-use tokio::sync::{Semaphore, mpsc};
+use tokio::process::{Child, Command};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
-
-/// Frames a worker may have sent and the parent not read yet: a worker that floods the pipe
-/// waits (its writes block) instead of filling the parent's memory.
-const FRAME_QUEUE: usize = 2;
 
 /// Worker processes shared by the runs of one runner.
 pub(crate) struct ProcessPool {
@@ -33,35 +30,55 @@ pub(crate) struct ProcessPool {
     slots: Semaphore,
     waiting: AtomicUsize,
     capacity: usize,
+    cores: Cores,
     stats: Arc<StatsCounters>,
     /// How the last worker that answered was confined.
     confinement: Mutex<Option<Confinement>>,
 }
 
-/// One child process and the frames it sends.
-pub(super) struct Worker {
-    child: Child,
-    pub(super) stdin: ChildStdin,
-    /// Frames as they arrive, or why reading stopped (a frame over the run's limit, or
-    /// unreadable).
-    pub(super) frames: mpsc::Receiver<Result<ToParent, String>>,
-    /// The largest frame the current run may send, in bytes.
-    frame_limit: Arc<AtomicUsize>,
-    /// Whether its confinement was read from `/proc` already.
-    confinement_read: bool,
+/// One run for a worker process.
+pub(crate) struct ProcessJob {
+    pub run: PreparedRun,
+    /// The continuation's state, still to be authenticated and decoded while the worker replays
+    /// it.
+    pub rest: Option<StateStream>,
+    /// The isolation key: a worker serves runs of one key only.
+    pub key: Arc<str>,
+    pub host: HostFunctions,
+    /// The stored continuation the run resumes from, if any.
+    pub claim: Option<Arc<Claim>>,
+    pub cancel: CancelSignal,
+    pub events: Option<Arc<EventQueue>>,
 }
 
-/// The largest frame a run with `limits` may send: a call's arguments (a JSON text inside a JSON
-/// string: at most twice as long escaped), the result, the console (control characters escape to
-/// six bytes, and each line, counted as one byte more than its text, is wrapped in about 32 bytes
-/// of JSON), 80 bytes per host call, and 64 KiB for the JSON around them.
-fn frame_limit(limits: &Limits) -> usize {
-    let part = |limit: Limit, factor: usize| limits.usize(limit).saturating_mul(factor);
-    part(Limit::HostCallArguments, 2)
-        .saturating_add(part(Limit::Result, 1))
-        .saturating_add(part(Limit::Console, 6 + 32))
-        .saturating_add(part(Limit::HostCalls, 80))
-        .saturating_add(64 * 1024)
+/// A worker taken for a run, with the pool's slot it holds.
+struct WorkerSlot<'a> {
+    worker: Worker,
+    _slot: tokio::sync::SemaphorePermit<'a>,
+    _waiting: Decrement<'a>,
+}
+
+impl std::ops::Deref for WorkerSlot<'_> {
+    type Target = Worker;
+
+    fn deref(&self) -> &Worker {
+        &self.worker
+    }
+}
+
+impl std::ops::DerefMut for WorkerSlot<'_> {
+    fn deref_mut(&mut self) -> &mut Worker {
+        &mut self.worker
+    }
+}
+
+/// One child process and its pipes.
+pub(super) struct Worker {
+    child: Child,
+    pub(super) pipes: Pipes,
+    /// Whether its confinement was read from `/proc` already.
+    confinement_read: bool,
+    started: std::time::Instant,
 }
 
 impl ProcessPool {
@@ -72,6 +89,7 @@ impl ProcessPool {
             slots: Semaphore::new(workers),
             waiting: AtomicUsize::new(0),
             capacity: workers + queue_capacity,
+            cores: Cores::new(),
             stats,
             confinement: Mutex::new(None),
         }
@@ -82,18 +100,31 @@ impl ProcessPool {
         self.confinement.lock().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
-    /// Runs `spec` in a worker process; host calls run here, on the caller's runtime. A stored
+    /// Runs `job` in a worker process; host calls run here, on the caller's runtime. A stored
     /// continuation (`claim`) is consumed by this side, right before the first host function
-    /// runs, so that a worker cannot resume it twice or skip using it.
-    pub(crate) async fn run(
-        &self,
-        spec: JobSpec,
-        key: Arc<str>,
-        host: HostFunctions,
-        claim: Option<Arc<Claim>>,
-        cancel: CancelSignal,
-        events: Option<Arc<EventQueue>>,
-    ) -> Result<RawOutcome, RunError> {
+    /// runs, so that a worker cannot resume it twice or skip using it. Also answers the head of
+    /// a streamed continuation, as this side decoded it.
+    pub(crate) async fn run(&self, job: ProcessJob) -> (Result<RawOutcome, RunError>, Option<StateHead>) {
+        let ProcessJob { run, rest, key, host, claim, cancel, events } = job;
+        let worker = match self.worker(&key).await {
+            Ok(worker) => worker,
+            // A forged state is refused as such.
+            Err(error) => return (Err(rest.and_then(|rest| rest.authenticate().err()).unwrap_or(error)), None),
+        };
+        let mut worker = worker;
+        let deadline = Instant::now() + run.limits.timeout() + self.config.grace;
+        let busy = self.cores.busy();
+        let host_cancel = CancelSignal::new();
+        let session = Session { host, claim, host_cancel: host_cancel.clone(), events, grace: self.config.grace };
+        let spec = JobSpec { run, events: session.events.is_some(), spin: self.cores.spare() };
+        let (ending, head) = session.drive(&mut worker, spec, rest, deadline, &cancel, &self.cores).await;
+        drop(busy);
+        host_cancel.cancel();
+        (self.end(worker, key, ending).await, head)
+    }
+
+    /// A worker for a run of `key`: an idle one, or a new one.
+    async fn worker(&self, key: &str) -> Result<WorkerSlot<'_>, RunError> {
         if self.waiting.fetch_add(1, Ordering::SeqCst) >= self.capacity {
             self.waiting.fetch_sub(1, Ordering::SeqCst);
             return Err(RunError::new(
@@ -101,13 +132,12 @@ impl ProcessPool {
                 "every worker process is busy and the run queue is full; retry later",
             ));
         }
-        let _waiting = Decrement(&self.waiting);
-        let _slot = self.slots.acquire().await.map_err(|_| RunError::internal("the process pool has stopped"))?;
-        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).take(&key);
-        let mut worker = match idle {
+        let waiting = Decrement(&self.waiting);
+        let slot = self.slots.acquire().await.map_err(|_| RunError::internal("the process pool has stopped"))?;
+        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).take(key);
+        let worker = match idle {
             Some(mut worker) => {
-                // An idle worker sends nothing; one that did (or died) is not trusted with a run.
-                if matches!(worker.frames.try_recv(), Err(mpsc::error::TryRecvError::Empty)) {
+                if worker.pipes.quiet() {
                     worker
                 } else {
                     let _ = worker.child.start_kill();
@@ -117,12 +147,12 @@ impl ProcessPool {
             }
             None => self.spawn().await?,
         };
-        worker.frame_limit.store(frame_limit(&spec.limits), Ordering::SeqCst);
-        let deadline = Instant::now() + spec.limits.timeout() + self.config.grace;
-        let host_cancel = CancelSignal::new();
-        let session = Session::new(host, claim, host_cancel.clone(), spec.replay.logical_run_id.clone(), events);
-        let ending = session.drive(&mut worker, spec, deadline, &cancel, self.config.grace).await;
-        host_cancel.cancel();
+        Ok(WorkerSlot { worker, _slot: slot, _waiting: waiting })
+    }
+
+    /// Keeps or stops `worker` after its run, and answers the run's result.
+    async fn end(&self, slot: WorkerSlot<'_>, key: Arc<str>, ending: Ending) -> Result<RawOutcome, RunError> {
+        let mut worker = slot.worker;
         match ending {
             Ending::Answered(result, lookup) => {
                 self.stats.record(lookup);
@@ -133,13 +163,13 @@ impl ProcessPool {
                     worker.confinement_read = true;
                     *self.confinement.lock().unwrap_or_else(|p| p.into_inner()) = Some(Confinement::of(pid));
                 }
-                // Replaced well before its CPU-time limit (RLIMIT_CPU) would kill it mid-run.
-                if cpu_seconds_used(&worker.child).is_some_and(|used| used * 2 >= self.config.cpu_seconds) {
+                // Replaced well before its CPU-time limit (RLIMIT_CPU) would kill it mid-run. Its one
+                // thread that works cannot have used more CPU time than its age.
+                let old = worker.started.elapsed().as_secs().saturating_mul(2) >= self.config.cpu_seconds;
+                if old && cpu_seconds_used(&worker.child).is_some_and(|used| used * 2 >= self.config.cpu_seconds) {
                     let _ = worker.child.start_kill();
                     let _ = worker.child.wait().await;
                 } else if self.config.reuse {
-                    // Between runs an idle worker may send nothing.
-                    worker.frame_limit.store(0, Ordering::SeqCst);
                     self.keep(key, worker).await;
                 } else {
                     let _ = worker.child.start_kill();
@@ -232,27 +262,13 @@ impl ProcessPool {
             }
         };
         let stdin = child.stdin.take().ok_or_else(|| RunError::internal("worker process without stdin"))?;
-        let mut stdout = child.stdout.take().ok_or_else(|| RunError::internal("worker process without stdout"))?;
+        let stdout = child.stdout.take().ok_or_else(|| RunError::internal("worker process without stdout"))?;
         if let Some(stderr) = child.stderr.take() {
             tokio::spawn(forward_stderr(stderr, child.id().unwrap_or(0)));
         }
-        let (sender, frames) = mpsc::channel(FRAME_QUEUE);
-        let frame_limit = Arc::new(AtomicUsize::new(0));
-        let limit = frame_limit.clone();
-        tokio::spawn(async move {
-            loop {
-                let frame = match read_frame(&mut stdout, &limit).await {
-                    Ok(Some(frame)) => Ok(frame),
-                    Ok(None) => return,
-                    Err(e) => Err(e.to_string()),
-                };
-                let stop = frame.is_err();
-                if sender.send(frame).await.is_err() || stop {
-                    return;
-                }
-            }
-        });
-        Ok(Worker { child, stdin, frames, frame_limit, confinement_read: false })
+        let pipes = Pipes::new(stdin, stdout)
+            .map_err(|e| RunError::internal(format!("cannot use a worker's pipes: {e}")).retryable(true))?;
+        Ok(Worker { child, pipes, confinement_read: false, started: std::time::Instant::now() })
     }
 }
 
@@ -378,26 +394,4 @@ impl Drop for Decrement<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }
-}
-
-/// Reads one frame of at most `limit` bytes (the current run's; none between runs); `Ok(None)` at a
-/// clean end of the pipe. The length a
-/// worker announces is checked before anything is allocated for it.
-async fn read_frame(input: &mut ChildStdout, limit: &AtomicUsize) -> std::io::Result<Option<ToParent>> {
-    let mut length = [0u8; 4];
-    match input.read_exact(&mut length).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
-        Err(e) => return Err(e),
-    }
-    let length = u32::from_le_bytes(length) as usize;
-    let limit = limit.load(Ordering::SeqCst);
-    if length > limit {
-        return Err(std::io::Error::other(format!(
-            "the worker announced a frame of {length} bytes, over the run's limit of {limit}"
-        )));
-    }
-    let mut body = vec![0u8; length];
-    input.read_exact(&mut body).await?;
-    serde_json::from_slice(&body).map(Some).map_err(|e| std::io::Error::other(format!("an unreadable frame: {e}")))
 }

@@ -1,35 +1,36 @@
 //! The messages between the runner (parent) and a worker process (child).
 
-use crate::bytecode_cache::{BytecodeCacheConfig, CacheLookup};
+use crate::bytecode_cache::CacheLookup;
 use crate::error::RunError;
 use crate::event::RunEvent;
-use crate::job::Replay;
-use crate::limits::Limits;
+use crate::job::PreparedRun;
 use crate::outcome::ConsoleLine;
 use resumable_host::{HostError, HostFailure, HostResult};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
-use std::sync::Arc;
 
 /// Everything a child needs to run one script.
 #[derive(Serialize, Deserialize)]
 pub(crate) struct JobSpec {
-    pub source: Arc<str>,
-    pub source_hash: [u8; 32],
-    pub functions: Arc<[String]>,
-    pub limits: Limits,
-    pub replay: Replay,
-    pub can_interrupt: bool,
+    pub run: PreparedRun,
     /// Whether the child sends live events.
     pub events: bool,
-    pub cache: BytecodeCacheConfig,
+    /// Whether the child may poll the pipe for a moment before it sleeps (a core is free for it).
+    pub spin: bool,
 }
 
 /// Parent to child.
 #[derive(Serialize, Deserialize)]
 pub(crate) enum ToChild {
+    /// A run to execute. Its prior ledger is left out of the JSON: the next frame holds it, as a
+    /// continuation state's encoding (whose head the child ignores).
     Run(Box<JobSpec>),
-    Settled { index: u32, outcome: CallOutcomeFrame },
+    /// How a host call ended, and the logical time of the settle (the parent keeps the clock).
+    Settled {
+        index: u32,
+        outcome: CallOutcomeFrame,
+        clock: f64,
+    },
     Abort,
 }
 
@@ -67,13 +68,11 @@ pub(crate) enum Answer {
 }
 
 /// When a call that crossed the pipe settled: its place among the run's settles (none for an
-/// interrupted call) and the logical clock then. These decide only how the script's own replay
-/// orders and dates its calls.
+/// interrupted call). It decides only in which order the script's own replay settles its calls.
 #[derive(Serialize, Deserialize)]
 pub(crate) struct Settlement {
     pub index: u32,
     pub settle_order: Option<u32>,
-    pub clock: f64,
 }
 
 /// A host call's result, without the host's internal details.

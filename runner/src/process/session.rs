@@ -11,21 +11,23 @@
 use super::frame::encode_frame;
 use super::parent::Worker;
 use super::protocol::{Answer, CallOutcomeFrame, JobSpec, Settlement, ToChild, ToParent};
+use super::spin::Cores;
 use crate::bytecode_cache::CacheLookup;
-use crate::continuation::Claim;
+use crate::continuation::{Claim, StateStream};
+use crate::determinism::wall_clock_ms;
 use crate::error::{ErrorCode, RunError};
 use crate::event::{EVENT_VALUE_BYTES, RunEvent};
 use crate::event_queue::EventQueue;
-use crate::job::RawOutcome;
+use crate::job::{RawOutcome, Replay};
 use crate::limits::{Limit, Limits};
 use crate::link::{Begun, HostCall};
-use crate::state::{CallOutcome, LedgerEntry, pending_interruptions};
+use crate::state::{
+    CallOutcome, ContinuationState, LedgerEntry, StateHead, check_head, pending_interruptions, unknown_interruption,
+};
 use resumable_host::{CancelSignal, HostFunctions, HostResult, Resume};
 use serde_json::Value;
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use tokio::io::AsyncWriteExt;
-use tokio::process::ChildStdin;
 use tokio::sync::mpsc;
 use tokio::time::Instant;
 
@@ -48,7 +50,7 @@ pub(super) struct DecidedCall {
 /// The resumes of the calls that `spec` resumes with a decision, by call index: built from the
 /// ledger and the resolutions the parent holds.
 pub(super) fn decided_calls(spec: &JobSpec) -> HashMap<u32, DecidedCall> {
-    let replay = &spec.replay;
+    let replay = &spec.run.replay;
     let mut decided = HashMap::new();
     for (&index, resolution) in &replay.resolutions {
         let Some(entry) = index.checked_sub(1).and_then(|i| replay.ledger.get(i as usize)) else { continue };
@@ -66,6 +68,8 @@ struct Served {
     function: String,
     arguments: String,
     outcome: Option<CallOutcomeFrame>,
+    /// The logical time of its settle, as the worker was told.
+    clock: f64,
     /// A new call rather than a resumed one.
     live: bool,
 }
@@ -106,6 +110,19 @@ impl Allowance {
     }
 }
 
+/// The largest frame a run with `limits` may send: a call's arguments (a JSON text inside a JSON
+/// string: at most twice as long escaped), the result, the console (control characters escape to
+/// six bytes, and each line, counted as one byte more than its text, is wrapped in about 32 bytes
+/// of JSON), 80 bytes per host call, and 64 KiB for the JSON around them.
+fn frame_limit(limits: &Limits) -> usize {
+    let part = |limit: Limit, factor: usize| limits.usize(limit).saturating_mul(factor);
+    part(Limit::HostCallArguments, 2)
+        .saturating_add(part(Limit::Result, 1))
+        .saturating_add(part(Limit::Console, 6 + 32))
+        .saturating_add(part(Limit::HostCalls, 80))
+        .saturating_add(64 * 1024)
+}
+
 /// What the live events of an honest run can add up to, in bytes: its console (escaped, each line
 /// in an event of about 48 bytes), and two events per host call, each holding at most
 /// [`EVENT_VALUE_BYTES`] of value or message (escaped: up to six times as long).
@@ -138,19 +155,28 @@ fn aborted() -> Ending {
     Ending::Lost(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"))
 }
 
-/// Writes `message` unless `stop_at` passes, or `cancel` fires, first: a worker that stops
-/// reading cannot hold the parent.
+/// Writes `message` unless `stop_at` passes, or `cancel` fires, first.
 async fn write(
-    stdin: &mut ChildStdin,
+    worker: &Worker,
     message: &ToChild,
     stop_at: Instant,
     cancel: Option<&CancelSignal>,
 ) -> Result<(), Ending> {
     let frame = encode_frame(message).map_err(|e| lost(&format!("could not be sent a frame: {e}")))?;
-    let written = async {
-        stdin.write_all(&frame).await?;
-        stdin.flush().await
-    };
+    write_bytes(worker, &[&frame], false, stop_at, cancel).await
+}
+
+/// Writes `parts`, one after the other, unless `stop_at` passes, or `cancel` fires, first: a
+/// worker that stops reading cannot hold the parent. What fits the pipe is written at once, with
+/// no timer; with `spin`, it polls for room in the pipe before it waits.
+async fn write_bytes(
+    worker: &Worker,
+    parts: &[&[u8]],
+    spin: bool,
+    stop_at: Instant,
+    cancel: Option<&CancelSignal>,
+) -> Result<(), Ending> {
+    let written = worker.pipes.write_all(parts, spin);
     let cancelled = async {
         match cancel {
             Some(cancel) => cancel.cancelled().await,
@@ -158,6 +184,7 @@ async fn write(
         }
     };
     tokio::select! {
+        biased;
         result = tokio::time::timeout_at(stop_at, written) => match result {
             Ok(Ok(())) => Ok(()),
             Ok(Err(_)) => Err(lost("stopped reading")),
@@ -167,28 +194,28 @@ async fn write(
     }
 }
 
+/// What the parent's half of a run waits for.
+enum Event {
+    Frame(Result<Option<ToParent>, String>),
+    /// A host call that waited has finished.
+    Settled(u32, HostResult),
+    Cancelled,
+    Deadline,
+}
+
 /// The parent's half of one run.
 pub(super) struct Session {
-    host: HostFunctions,
+    pub(super) host: HostFunctions,
     /// The stored token the run resumes from, consumed right before the first host function
     /// runs (or when the run ends without any).
-    claim: Option<Arc<Claim>>,
-    host_cancel: CancelSignal,
-    run_id: Arc<str>,
-    events: Option<Arc<EventQueue>>,
+    pub(super) claim: Option<Arc<Claim>>,
+    pub(super) host_cancel: CancelSignal,
+    pub(super) events: Option<Arc<EventQueue>>,
+    /// Time a worker gets past the deadline, or after an abort, before it is killed.
+    pub(super) grace: std::time::Duration,
 }
 
 impl Session {
-    pub(super) fn new(
-        host: HostFunctions,
-        claim: Option<Arc<Claim>>,
-        host_cancel: CancelSignal,
-        run_id: Arc<str>,
-        events: Option<Arc<EventQueue>>,
-    ) -> Session {
-        Session { host, claim, host_cancel, run_id, events }
-    }
-
     /// Uses the stored token up, once, if the run resumes from one.
     async fn use_token(&self, consumed: &mut bool, stop_at: Instant) -> Result<(), RunError> {
         if !*consumed {
@@ -200,148 +227,110 @@ impl Session {
         Ok(())
     }
 
+    /// Sends `spec` to `worker` and serves the run until it ends; `rest` is the state of a
+    /// streamed continuation, decoded here while the worker replays it. Also answers that
+    /// state's head.
     pub(super) async fn drive(
         &self,
         worker: &mut Worker,
         spec: JobSpec,
+        rest: Option<StateStream>,
         deadline: Instant,
         cancel: &CancelSignal,
-        grace: std::time::Duration,
+        cores: &Cores,
+    ) -> (Ending, Option<StateHead>) {
+        let (spec, head) = match send_run(worker, spec, rest, deadline, cancel).await {
+            Ok(sent) => sent,
+            Err(ending) => return (ending, None),
+        };
+        (self.serve(worker, &spec, deadline, cancel, cores).await, head)
+    }
+
+    /// Serves the run of `spec`, sent to `worker`, until it ends.
+    async fn serve(
+        &self,
+        worker: &mut Worker,
+        spec: &JobSpec,
+        deadline: Instant,
+        cancel: &CancelSignal,
+        cores: &Cores,
     ) -> Ending {
-        let mut decided = decided_calls(&spec);
-        let allowance = Allowance::of(&spec.limits);
-        let message = ToChild::Run(Box::new(spec));
-        if let Err(ending) = write(&mut worker.stdin, &message, deadline, Some(cancel)).await {
-            return ending;
-        }
-        let ToChild::Run(spec) = message else { unreachable!("the message was built as a run just above") };
-        let prior = &spec.replay.ledger;
-        let mut served: BTreeMap<u32, Served> = BTreeMap::new();
-        let mut next_live = prior.len() as u64 + 1;
-        let mut in_flight = InFlight::default();
-        let mut event_budget = event_budget(&spec.limits);
-        let mut consumed = false;
+        let grace = self.grace;
+        let decided = decided_calls(spec);
+        let run_id = spec.run.replay.logical_run_id.clone();
+        let mut run = Progress::new(&spec.run.limits, &spec.run.replay, decided);
+        let frame_limit = frame_limit(&spec.run.limits);
         let (results, mut settled) = mpsc::unbounded_channel::<(u32, HostResult)>();
         let mut tasks: Vec<tokio::task::JoinHandle<()>> = Vec::new();
+        let mut waiting = 0usize;
         let mut abort_deadline: Option<Instant> = None;
         let ending = loop {
             let stop_at = abort_deadline.map_or(deadline, |a| a.min(deadline));
             // Once the worker was told to abort, a settle may still reach it within the grace.
             let watch = abort_deadline.is_none().then_some(cancel);
-            tokio::select! {
-                frame = worker.frames.recv() => match frame {
-                    None => break lost("exited unexpectedly (crashed or was killed)"),
-                    Some(Err(why)) => break violation(why),
-                    Some(Ok(ToParent::Done(answer, lookup))) => {
-                        if in_flight.all > 0 && answer.is_ok() {
-                            break violation("it reported an answer while host calls were in flight");
-                        }
-                        if !decided.is_empty() && matches!(answer, Ok(Answer::Completed { .. })) {
-                            break violation("it completed without resuming every decided call");
-                        }
-                        let raw = match answer.map(|a| outcome(a, prior, &served, &spec.limits)) {
-                            Ok(Ok(raw)) => raw,
-                            Ok(Err(why)) => break violation(why),
-                            Err(error) => break Ending::Answered(Err(error), lookup),
-                        };
-                        // A resume that ends without any host call still uses its token up.
-                        if let Err(error) = self.use_token(&mut consumed, stop_at).await {
-                            break Ending::Answered(Err(error), lookup);
-                        }
-                        break Ending::Answered(Ok(raw), lookup);
+            // Polling is for answers that come at once, not while a host call waits on the runtime.
+            let spin_now = waiting == 0 && cores.spare();
+            let event = tokio::select! {
+                biased;
+                frame = worker.pipes.frame(frame_limit, spin_now) => Event::Frame(frame),
+                Some((index, result)) = settled.recv() => Event::Settled(index, result),
+                _ = cancel.cancelled(), if abort_deadline.is_none() => Event::Cancelled,
+                _ = tokio::time::sleep_until(stop_at) => Event::Deadline,
+            };
+            let call = match event {
+                Event::Frame(Ok(Some(ToParent::Call { index, function, arguments, resumed }))) => {
+                    (index, function, arguments, resumed)
+                }
+                Event::Frame(Ok(Some(ToParent::Done(answer, lookup)))) => {
+                    break self.finish(&mut run, answer, lookup, stop_at).await;
+                }
+                Event::Frame(Ok(Some(ToParent::Event(event)))) => {
+                    self.forward(&mut run, event);
+                    continue;
+                }
+                Event::Frame(Ok(None)) => break lost("exited unexpectedly (crashed or was killed)"),
+                Event::Frame(Err(why)) => break violation(why),
+                Event::Settled(index, result) => {
+                    waiting -= 1;
+                    if let Err(ending) = settle(worker, &mut run, index, result, stop_at, watch).await {
+                        break ending;
                     }
-                    Some(Ok(ToParent::Event(event))) => {
-                        // The run's end is announced here, from the answer, never by the worker.
-                        let live = !event.is_terminal() && !matches!(event, RunEvent::Lagged { .. });
-                        if let (Some(events), true) = (&self.events, live) {
-                            // What an honest worker's events can add up to; past it they are
-                            // dropped, so a consumer that lags holds a bounded amount.
-                            let size = serde_json::to_vec(&event).map_or(usize::MAX, |bytes| bytes.len());
-                            if size <= event_budget {
-                                event_budget -= size;
-                                events.push(event);
-                            }
-                        }
-                    }
-                    Some(Ok(ToParent::Call { index, function, arguments, resumed })) => {
-                        if u64::from(index) > allowance.calls {
-                            break violation(format!("call {index} is over the limit of {} host calls", allowance.calls));
-                        }
-                        if arguments.len() > allowance.argument_bytes {
-                            break violation(format!(
-                                "the arguments of call {index} are over the limit of {} bytes",
-                                allowance.argument_bytes
-                            ));
-                        }
-                        // Resumed calls all start when the replay ends; they are bounded by the
-                        // decisions, so only live calls count against the in-flight limit.
-                        if !resumed && in_flight.live >= allowance.in_flight {
-                            break violation(format!("more than {} host calls in flight", allowance.in_flight));
-                        }
-                        // The stored token is used up right before the first host function runs.
-                        if let Err(error) = self.use_token(&mut consumed, stop_at).await {
-                            break Ending::Lost(error);
-                        }
-                        let resume = if resumed {
-                            match decided.remove(&index) {
-                                Some(call) if call.function == function && call.arguments == arguments => {
-                                    Some(call.resume)
-                                }
-                                Some(_) => {
-                                    break violation(format!(
-                                        "call {index} was resumed with another function or other arguments than \
-                                         were recorded and decided"
-                                    ));
-                                }
-                                None => break violation(format!("call {index} has no decision to resume with")),
-                            }
-                        } else if u64::from(index) == next_live {
-                            next_live += 1;
-                            None
-                        } else {
-                            break violation(format!("call {index} does not continue the ledger (next is {next_live})"));
-                        };
-                        let Ok(parsed) = serde_json::from_str::<Vec<Value>>(&arguments) else {
-                            break violation(format!("the arguments of call {index} are not a JSON array"));
-                        };
-                        let call = HostCall {
-                            run_id: &self.run_id,
-                            function: function.as_str(),
-                            index,
-                            resume,
-                            cancel: &self.host_cancel,
-                        };
-                        let begun = call.begin(&self.host, parsed);
-                        served.insert(index, Served { function, arguments, outcome: None, live: !resumed });
-                        in_flight.start(!resumed);
-                        match begun {
-                            Begun::Finished(result) => {
-                                let settled = settle(worker, &mut served, &mut in_flight, index, result, stop_at, watch);
-                                if let Err(ending) = settled.await {
-                                    break ending;
-                                }
-                            }
-                            Begun::Running(future) => {
-                                let results = results.clone();
-                                tasks.push(tokio::spawn(async move {
-                                    let _ = results.send((index, future.await));
-                                }));
-                            }
-                        }
-                    }
-                },
-                Some((index, result)) = settled.recv() => {
-                    if let Err(ending) = settle(worker, &mut served, &mut in_flight, index, result, stop_at, watch).await {
+                    continue;
+                }
+                Event::Cancelled => {
+                    let grace_ends = (Instant::now() + grace).min(stop_at);
+                    let _ = write(worker, &ToChild::Abort, grace_ends, None).await;
+                    abort_deadline = Some(grace_ends);
+                    continue;
+                }
+                Event::Deadline => break if abort_deadline.is_some() { aborted() } else { timed_out() },
+            };
+            let (index, function, arguments, resumed) = call;
+            let (resume, parsed) = match run.admit(index, &function, &arguments, resumed) {
+                Ok(admitted) => admitted,
+                Err(ending) => break ending,
+            };
+            // The stored token is used up right before the first host function runs.
+            if let Err(error) = self.use_token(&mut run.consumed, stop_at).await {
+                break Ending::Lost(error);
+            }
+            let call =
+                HostCall { run_id: &run_id, function: function.as_str(), index, resume, cancel: &self.host_cancel };
+            let begun = call.begin(&self.host, parsed);
+            run.in_flight.start(!resumed);
+            run.served.insert(index, Served { function, arguments, outcome: None, clock: 0.0, live: !resumed });
+            match begun {
+                Begun::Finished(result) => {
+                    if let Err(ending) = settle(worker, &mut run, index, result, stop_at, watch).await {
                         break ending;
                     }
                 }
-                _ = cancel.cancelled(), if abort_deadline.is_none() => {
-                    let grace_ends = (Instant::now() + grace).min(stop_at);
-                    let _ = write(&mut worker.stdin, &ToChild::Abort, grace_ends, None).await;
-                    abort_deadline = Some(grace_ends);
-                }
-                _ = tokio::time::sleep_until(stop_at) => {
-                    break if abort_deadline.is_some() { aborted() } else { timed_out() };
+                Begun::Running(future) => {
+                    let results = results.clone();
+                    waiting += 1;
+                    tasks.push(tokio::spawn(async move {
+                        let _ = results.send((index, future.await));
+                    }));
                 }
             }
         };
@@ -349,6 +338,227 @@ impl Session {
             task.abort();
         }
         ending
+    }
+
+    /// The run's ending, from the worker's answer.
+    async fn finish(
+        &self,
+        run: &mut Progress<'_>,
+        answer: Result<Answer, RunError>,
+        lookup: Option<CacheLookup>,
+        stop_at: Instant,
+    ) -> Ending {
+        if run.in_flight.all > 0 && answer.is_ok() {
+            return violation("it reported an answer while host calls were in flight");
+        }
+        if !run.decided.is_empty() && matches!(answer, Ok(Answer::Completed { .. })) {
+            return violation("it completed without resuming every decided call");
+        }
+        let raw = match answer.map(|a| outcome(a, run.prior, &run.served, run.limits)) {
+            Ok(Ok(raw)) => raw,
+            Ok(Err(why)) => return violation(why),
+            Err(error) => return Ending::Answered(Err(error), lookup),
+        };
+        // A resume that ends without any host call still uses its token up.
+        if let Err(error) = self.use_token(&mut run.consumed, stop_at).await {
+            return Ending::Answered(Err(error), lookup);
+        }
+        Ending::Answered(Ok(raw), lookup)
+    }
+
+    /// Passes a live event on to the run's consumer, within what an honest worker can send.
+    fn forward(&self, run: &mut Progress<'_>, event: RunEvent) {
+        // The run's end is announced here, from the answer, never by the worker.
+        let live = !event.is_terminal() && !matches!(event, RunEvent::Lagged { .. });
+        if let (Some(events), true) = (&self.events, live) {
+            // Past the budget events are dropped, so a consumer that lags holds a bounded amount.
+            let size = serde_json::to_vec(&event).map_or(usize::MAX, |bytes| bytes.len());
+            if size <= run.event_budget {
+                run.event_budget -= size;
+                events.push(event);
+            }
+        }
+    }
+}
+
+/// Sends the run's frame and its prior ledger, which follows it in the state encoding (of a long
+/// ledger, JSON would cost more to write and read than the rest of the resume). A streamed
+/// continuation's state goes to the worker as it is decoded here, and its head, ledger and
+/// decisions are checked here once all of it is decoded: the worker may replay what is not
+/// authenticated yet, but nothing it asks is served before. Answers the spec with the whole
+/// prior ledger, and the streamed state's head.
+async fn send_run(
+    worker: &Worker,
+    mut spec: JobSpec,
+    rest: Option<StateStream>,
+    deadline: Instant,
+    cancel: &CancelSignal,
+) -> Result<(JobSpec, Option<StateHead>), Ending> {
+    let feed = spec.run.replay.streamed.take();
+    let ledger = std::mem::take(&mut spec.run.replay.ledger);
+    let message = ToChild::Run(Box::new(spec));
+    let frame = encode_frame(&message).map_err(|e| lost(&format!("could not be sent its run: {e}")));
+    let ToChild::Run(spec) = message else { unreachable!("the message was built as a run just above") };
+    let mut spec = *spec;
+    let frame = frame?;
+    let (Some(rest), Some(mut feed)) = (rest, feed) else {
+        let replay = &spec.run.replay;
+        let state = ContinuationState {
+            source_hash: spec.run.source_hash,
+            scope_hash: spec.run.scope_hash,
+            logical_run_id: replay.logical_run_id.to_string(),
+            seed: replay.seed,
+            start_clock: replay.start_clock,
+            ledger,
+        };
+        let bytes = state.encode();
+        spec.run.replay.ledger = state.ledger;
+        let length = u32::try_from(bytes.len()).map_err(|_| lost("could not be sent a ledger this long"))?;
+        write_bytes(worker, &[&frame, &length.to_le_bytes(), &bytes], spec.spin, deadline, Some(cancel)).await?;
+        return Ok((spec, None));
+    };
+    write_bytes(worker, &[&frame], spec.spin, deadline, Some(cancel)).await?;
+    // What the pipe has no room for now is written once the state is decoded.
+    let mut backlog: Vec<u8> = Vec::new();
+    let mut too_long = false;
+    let mut push = |bytes: &[u8]| {
+        if backlog.is_empty() {
+            let written = worker.pipes.try_write(bytes).unwrap_or(0);
+            backlog.extend_from_slice(&bytes[written..]);
+        } else {
+            backlog.extend_from_slice(bytes);
+        }
+    };
+    let mut announced = false;
+    let (_, authentic) = rest.finish_forwarding(|total, more| {
+        if !announced {
+            announced = true;
+            match u32::try_from(total) {
+                Ok(total) => push(&total.to_le_bytes()),
+                Err(_) => too_long = true,
+            }
+        }
+        if !too_long {
+            push(more);
+        }
+    });
+    // Every entry is in the feed now, and the verdict on the state.
+    let checked = || -> Result<(StateHead, Vec<LedgerEntry>), RunError> {
+        authentic?;
+        let head = feed.feed.head(deadline.into_std())?;
+        let mut ledger = Vec::with_capacity(head.count);
+        while let Some(entries) = feed.feed.next(deadline.into_std())? {
+            ledger.extend(entries);
+        }
+        check_head(&head, &spec.run.source_hash, &spec.run.scope_hash, &spec.run.limits)?;
+        let resolutions = &spec.run.replay.resolutions;
+        let interrupted = |index: u32| {
+            ledger.get(index as usize - 1).is_some_and(|entry| matches!(entry.outcome, CallOutcome::Interrupted(_)))
+        };
+        if let Some(index) = resolutions.keys().copied().filter(|&index| !interrupted(index)).min() {
+            return Err(unknown_interruption(&format!("interrupt-{index}")));
+        }
+        Ok((head, ledger))
+    };
+    let (head, ledger) = match checked() {
+        Ok(checked) if !too_long => checked,
+        Ok(_) => return Err(lost("could not be sent a ledger this long")),
+        // The worker may be replaying a state that is not authentic: it is not used again.
+        Err(error) => return Err(Ending::Lost(error)),
+    };
+    if !backlog.is_empty() {
+        write_bytes(worker, &[&backlog], spec.spin, deadline, Some(cancel)).await?;
+    }
+    let replay = &mut spec.run.replay;
+    replay.ledger = ledger;
+    replay.logical_run_id = Arc::from(head.logical_run_id.as_str());
+    replay.seed = head.seed;
+    replay.start_clock = head.start_clock;
+    Ok((spec, Some(head)))
+}
+
+/// What the parent knows of a run in progress.
+struct Progress<'a> {
+    limits: &'a Limits,
+    /// The ledger the run resumes from (empty for a first run).
+    prior: &'a [LedgerEntry],
+    /// The decided calls not resumed yet.
+    decided: HashMap<u32, DecidedCall>,
+    allowance: Allowance,
+    served: BTreeMap<u32, Served>,
+    /// The index the next new call must have.
+    next_live: u64,
+    in_flight: InFlight,
+    /// What the worker's live events may still add up to.
+    event_budget: usize,
+    /// Whether the stored token (if any) is used up.
+    consumed: bool,
+    /// The run's logical clock: the time of its latest settle.
+    clock: f64,
+}
+
+impl<'a> Progress<'a> {
+    fn new(limits: &'a Limits, replay: &'a Replay, decided: HashMap<u32, DecidedCall>) -> Progress<'a> {
+        let clock = replay.ledger.iter().map(|entry| entry.clock).fold(replay.start_clock, f64::max);
+        Progress {
+            limits,
+            prior: &replay.ledger,
+            decided,
+            allowance: Allowance::of(limits),
+            served: BTreeMap::new(),
+            next_live: replay.ledger.len() as u64 + 1,
+            in_flight: InFlight::default(),
+            event_budget: event_budget(limits),
+            consumed: false,
+            clock,
+        }
+    }
+
+    /// Checks a call the worker asks for against the limits and the ledger: its resume (a
+    /// decision, for a resumed call) and its arguments.
+    fn admit(
+        &mut self,
+        index: u32,
+        function: &str,
+        arguments: &str,
+        resumed: bool,
+    ) -> Result<(Option<Resume>, Vec<Value>), Ending> {
+        let allowance = &self.allowance;
+        if u64::from(index) > allowance.calls {
+            return Err(violation(format!("call {index} is over the limit of {} host calls", allowance.calls)));
+        }
+        if arguments.len() > allowance.argument_bytes {
+            return Err(violation(format!(
+                "the arguments of call {index} are over the limit of {} bytes",
+                allowance.argument_bytes
+            )));
+        }
+        // Resumed calls all start when the replay ends; they are bounded by the decisions, so
+        // only live calls count against the in-flight limit.
+        if !resumed && self.in_flight.live >= allowance.in_flight {
+            return Err(violation(format!("more than {} host calls in flight", allowance.in_flight)));
+        }
+        let resume = if resumed {
+            match self.decided.remove(&index) {
+                Some(call) if call.function == function && call.arguments == arguments => Some(call.resume),
+                Some(_) => {
+                    return Err(violation(format!(
+                        "call {index} was resumed with another function or other arguments than were recorded \
+                         and decided"
+                    )));
+                }
+                None => return Err(violation(format!("call {index} has no decision to resume with"))),
+            }
+        } else if u64::from(index) == self.next_live {
+            self.next_live += 1;
+            None
+        } else {
+            return Err(violation(format!("call {index} does not continue the ledger (next is {})", self.next_live)));
+        };
+        let Ok(parsed) = serde_json::from_str::<Vec<Value>>(arguments) else {
+            return Err(violation(format!("the arguments of call {index} are not a JSON array")));
+        };
+        Ok((resume, parsed))
     }
 }
 
@@ -362,28 +572,29 @@ async fn consume(claim: &Claim, stop_at: Instant) -> Result<(), RunError> {
     }
 }
 
-/// Records how call `index` ended and tells the worker.
+/// Records how call `index` ended, at what logical time, and tells the worker.
 async fn settle(
-    worker: &mut Worker,
-    served: &mut BTreeMap<u32, Served>,
-    in_flight: &mut InFlight,
+    worker: &Worker,
+    run: &mut Progress<'_>,
     index: u32,
     result: HostResult,
     stop_at: Instant,
     cancel: Option<&CancelSignal>,
 ) -> Result<(), Ending> {
-    in_flight.end(served.get(&index).is_some_and(|call| call.live));
-    let message = ToChild::Settled { index, outcome: CallOutcomeFrame::from(result) };
-    write(&mut worker.stdin, &message, stop_at, cancel).await?;
-    if let (ToChild::Settled { outcome, .. }, Some(call)) = (message, served.get_mut(&index)) {
+    run.in_flight.end(run.served.get(&index).is_some_and(|call| call.live));
+    run.clock = wall_clock_ms().max(run.clock);
+    let message = ToChild::Settled { index, outcome: CallOutcomeFrame::from(result), clock: run.clock };
+    write(worker, &message, stop_at, cancel).await?;
+    if let (ToChild::Settled { outcome, clock, .. }, Some(call)) = (message, run.served.get_mut(&index)) {
         call.outcome = Some(outcome);
+        call.clock = clock;
     }
     Ok(())
 }
 
 /// The run's outcome from the worker's `answer`: for an interruption, the ledger is the `prior`
 /// one with the calls this side `served` (resumed ones in their places, new ones appended), and
-/// only their settle order and clock come from the worker.
+/// only their settle order comes from the worker.
 fn outcome(
     answer: Answer,
     prior: &[LedgerEntry],
@@ -410,7 +621,7 @@ fn outcome(
             arguments: call.arguments.clone(),
             outcome,
             settle_order: None,
-            clock: 0.0,
+            clock: call.clock,
         };
         match (index as usize).checked_sub(1) {
             Some(i) if i < ledger.len() => ledger[i] = entry,
@@ -419,7 +630,7 @@ fn outcome(
         }
     }
     let mut timed = std::collections::BTreeSet::new();
-    for Settlement { index, settle_order, clock } in settled {
+    for Settlement { index, settle_order } in settled {
         if !served.contains_key(&index) || !timed.insert(index) {
             return Err(format!("it reported a settle time for call {index}, which it was not served once"));
         }
@@ -428,7 +639,6 @@ fn outcome(
             return Err(format!("it reported call {index} as settled the wrong way"));
         }
         entry.settle_order = settle_order;
-        entry.clock = clock;
     }
     if timed.len() != served.len() {
         return Err("it did not report when every call it was served settled".into());
@@ -439,9 +649,6 @@ fn outcome(
     orders.sort_unstable();
     if orders.iter().enumerate().any(|(i, &order)| order as usize != i) {
         return Err("it reported settle orders that do not number the settles".into());
-    }
-    if ledger.iter().any(|e| !e.clock.is_finite() || e.clock < 0.0) {
-        return Err("it reported a clock that is not a time".into());
     }
     let interruptions = pending_interruptions(&ledger)?;
     if interruptions.is_empty() {
@@ -454,7 +661,7 @@ fn outcome(
 mod tests {
     use super::*;
     use crate::bytecode_cache::BytecodeCacheConfig;
-    use crate::job::Replay;
+    use crate::job::PreparedRun;
     use crate::limits::Limits;
     use crate::state::{CallOutcome, LedgerEntry};
     use serde_json::json;
@@ -470,9 +677,10 @@ mod tests {
             entry("tools.approve", CallOutcome::Interrupted(r#"{"amount":5}"#.into())),
         ];
         let resolutions = HashMap::from([(1, json!(true)), (2, json!("yes")), (9, json!(true))]);
-        let spec = JobSpec {
+        let run = PreparedRun {
             source: "return 1".into(),
             source_hash: [0; 32],
+            scope_hash: [0; 32],
             functions: Arc::from(Vec::<String>::new()),
             limits: Limits::default(),
             replay: Replay {
@@ -484,9 +692,9 @@ mod tests {
                 resolutions,
             },
             can_interrupt: true,
-            events: false,
             cache: BytecodeCacheConfig::default(),
         };
+        let spec = JobSpec { run, events: false, spin: false };
         let decided = decided_calls(&spec);
         assert_eq!(decided.len(), 1, "only an interrupted entry of the ledger takes a decision");
         let decided = &decided[&2];

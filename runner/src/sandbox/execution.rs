@@ -22,8 +22,7 @@ use crate::ledger_feed::LedgerFeed;
 use crate::limits::Limit;
 use crate::link::{CallRequest, HostLink};
 use crate::outcome::ConsoleLevel;
-use crate::runner::{check_head, unknown_interruption};
-use crate::state::{CallOutcome, LedgerEntry};
+use crate::state::{CallOutcome, LedgerEntry, check_head, unknown_interruption};
 use crate::text::{clip, truncate};
 use resumable_host::{HostResult, Resume, unknown_function_message};
 use rquickjs::function::Rest;
@@ -45,14 +44,14 @@ const CONSOLE_ARGUMENT_BYTES: usize = 16 * 1024;
 
 pub(crate) fn execute(engine: &mut Engine, job: &mut Job) -> Result<RawOutcome, RunError> {
     let started = Instant::now();
-    let deadline = started + job.limits.timeout();
-    engine.configure_cache(job.cache);
-    let (code, lookup) = engine.bytecode(&job.source, &job.source_hash)?;
+    let deadline = started + job.run.limits.timeout();
+    engine.configure_cache(job.run.cache);
+    let (code, lookup) = engine.bytecode(&job.run.source, &job.run.source_hash)?;
     job.lookup = Some(lookup);
     engine.begin_run();
     let realm = &engine.realm;
 
-    let stack_size = job.limits.usize(Limit::Stack);
+    let stack_size = job.run.limits.usize(Limit::Stack);
     let runtime = realm.context.get_runtime_ptr();
     // The engine's own check sits at twice the limit plus room for one huge
     // frame; the script's limit is the guard band, which any frame crossing
@@ -63,15 +62,15 @@ pub(crate) fn execute(engine: &mut Engine, job: &mut Job) -> Result<RawOutcome, 
         qjs::JS_SetMaxStackSize(runtime, (2 * stack_size + ENGINE_STACK_SLACK) as _);
         StackGuard::paint(stack_pointer() - stack_size)
     };
-    engine.guard.arm(deadline, job.limits.cpu_time(), job.abort.clone(), stack);
+    engine.guard.arm(deadline, job.run.limits.cpu_time(), job.abort.clone(), stack);
     // The engine is ready; the script waits for the continuation's head.
     if let Err(error) = take_over_continuation(job, deadline) {
         engine.guard.disarm();
         return Err(error);
     }
-    realm.shared.clock.set(job.replay.start_clock);
-    *realm.shared.rng.borrow_mut() = SeededRandom::new(job.replay.seed);
-    let budget = job.limits.usize(Limit::Memory);
+    realm.shared.clock.set(job.run.replay.start_clock);
+    *realm.shared.rng.borrow_mut() = SeededRandom::new(job.run.replay.seed);
+    let budget = job.run.limits.usize(Limit::Memory);
     // Garbage the script makes is collected well inside its budget, so that
     // garbage never looks like the script's memory.
     engine.runtime.set_gc_threshold(engine.meter.used() + (budget / 2).min(GC_HEADROOM));
@@ -275,7 +274,7 @@ struct Bridge<'js> {
     /// jobs have run and the run is still pending, so a call nobody awaits when the script
     /// returns never runs.
     requested: Vec<u32>,
-    ready: VecDeque<(u32, HostResult)>,
+    ready: VecDeque<(u32, HostResult, Option<f64>)>,
     in_flight: usize,
     interrupted: BTreeSet<u32>,
     our_errors: Vec<OurError<'js>>,
@@ -307,7 +306,7 @@ impl Bridge<'_> {
     /// state was found valid).
     fn pull(&mut self, deadline: Instant, enough: impl Fn(&Self) -> bool) -> Result<(), RunError> {
         while !enough(self) {
-            let Some(feed) = &self.feed else { return Ok(()) };
+            let Some(feed) = &mut self.feed else { return Ok(()) };
             match feed.next(deadline)? {
                 Some(entries) => self.absorb(entries),
                 None => self.feed = None,
@@ -341,14 +340,14 @@ impl<'js> RunEnv<'js> {
     ) -> Result<Self, RunError> {
         let date_to_iso: Function = helpers.get("dateToISOString").map_err(engine_error)?;
         let error_stack: Option<Function> = helpers.get("errorStack").map_err(engine_error)?;
-        let decoded = std::mem::take(&mut job.replay.ledger);
-        let (feed, recorded) = match job.replay.streamed.take() {
+        let decoded = std::mem::take(&mut job.run.replay.ledger);
+        let (feed, recorded) = match job.run.replay.streamed.take() {
             Some(streamed) => (Some(streamed.feed), streamed.count),
             None => (None, decoded.len()),
         };
-        let resolutions = std::mem::take(&mut job.replay.resolutions);
-        let replay = &job.replay;
-        let limits = &job.limits;
+        let resolutions = std::mem::take(&mut job.run.replay.resolutions);
+        let replay = &job.run.replay;
+        let limits = &job.run.limits;
         let mut bridge = Bridge {
             recorded,
             replaying: recorded > 0,
@@ -375,10 +374,10 @@ impl<'js> RunEnv<'js> {
             classes,
             realm_functions: RefCell::new(Some(RealmFunctions { date_to_iso, error_stack })),
             link: job.link.take().ok_or_else(|| RunError::internal("the run has no host link"))?,
-            functions: job.functions.clone(),
+            functions: job.run.functions.clone(),
             deadline,
             logical_run_id: replay.logical_run_id.clone(),
-            can_interrupt: job.can_interrupt,
+            can_interrupt: job.run.can_interrupt,
             max_calls: limits.get(Limit::HostCalls) as u32,
             max_in_flight: limits.usize(Limit::HostCallsInFlight),
             argument_bytes: limits.usize(Limit::HostCallArguments),
@@ -473,7 +472,7 @@ impl<'js> RunEnv<'js> {
         let mut bridge = self.bridge.borrow_mut();
         bridge.in_flight += 1;
         if let Some(result) = finished {
-            bridge.ready.push_back((index, result));
+            bridge.ready.push_back((index, result, None));
         }
     }
 
@@ -494,13 +493,13 @@ impl<'js> RunEnv<'js> {
 /// Reads and checks the head of a streamed continuation (authenticated by the thread that
 /// decodes it) before anything of it is used; the replay then starts from that head.
 fn take_over_continuation(job: &mut Job, deadline: Instant) -> Result<(), RunError> {
-    let Some(streamed) = job.replay.streamed.as_mut() else { return Ok(()) };
+    let Some(streamed) = job.run.replay.streamed.as_mut() else { return Ok(()) };
     let head = streamed.feed.head(deadline)?;
-    check_head(&head, &job.source_hash, &streamed.scope_hash, &job.limits)?;
+    check_head(&head, &job.run.source_hash, &job.run.scope_hash, &job.run.limits)?;
     streamed.count = head.count;
-    job.replay.logical_run_id = head.logical_run_id.into();
-    job.replay.seed = head.seed;
-    job.replay.start_clock = head.start_clock;
+    job.run.replay.logical_run_id = head.logical_run_id.into();
+    job.run.replay.seed = head.seed;
+    job.run.replay.start_clock = head.start_clock;
     Ok(())
 }
 
@@ -770,9 +769,9 @@ impl<'js> Driver<'_, 'js> {
         }
 
         let mut bridge = env.bridge.borrow_mut();
-        if let Some((index, result)) = bridge.ready.pop_front() {
+        if let Some((index, result, clock)) = bridge.ready.pop_front() {
             drop(bridge);
-            return self.settle_live(index, result);
+            return self.settle_live(index, result, clock);
         }
         if bridge.in_flight > 0 {
             drop(bridge);
@@ -852,9 +851,9 @@ impl<'js> Driver<'_, 'js> {
 
     fn wait(&self, deadline: Instant) -> Step {
         let remaining = deadline.saturating_duration_since(Instant::now());
-        match self.job.inbox.recv_timeout(remaining.max(Duration::from_micros(1))) {
-            Ok(WorkerMessage::Settled(index, result)) => {
-                self.env.bridge.borrow_mut().ready.push_back((index, result));
+        match self.job.inbox.next(remaining.max(Duration::from_micros(1))) {
+            Ok(WorkerMessage::Settled { index, result, clock }) => {
+                self.env.bridge.borrow_mut().ready.push_back((index, result, clock));
             }
             Ok(WorkerMessage::Abort) => {
                 self.env.guard.latch(RunError::new(ErrorCode::Aborted, "the run was cancelled by its caller"));
@@ -886,9 +885,10 @@ impl<'js> Driver<'_, 'js> {
     }
 
     /// Records a live result in the ledger and settles its promise.
-    fn settle_live(&self, index: u32, result: HostResult) -> Step {
+    /// `clock` is the settle's time when the parent chose it (process mode).
+    fn settle_live(&self, index: u32, result: HostResult, clock: Option<f64>) -> Step {
         let env = &*self.env;
-        let clock = wall_clock_ms().max(env.shared.clock.get());
+        let clock = clock.unwrap_or_else(wall_clock_ms).max(env.shared.clock.get());
         let outcome = CallOutcome::recorded(&result);
         let size = match &outcome {
             CallOutcome::Fulfilled(text) => text.len(),
@@ -972,7 +972,7 @@ impl<'js> Driver<'_, 'js> {
         let value = unsafe {
             Value::from_raw(self.ctx.clone(), qjs::JS_PromiseResult(self.ctx.as_raw().as_ptr(), promise.as_raw()))
         };
-        let limit = self.job.limits.usize(Limit::Result);
+        let limit = self.job.run.limits.usize(Limit::Result);
         let text = self.env.to_json(&self.ctx, &value, "result", Mode::Strict, limit).map_err(|e| {
             if matches!(e, SerializeError::Engine) {
                 if let Some(error) = self.env.guard.check() {

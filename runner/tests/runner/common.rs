@@ -15,6 +15,12 @@ pub fn runner() -> Runner {
     Runner::new(RunnerConfig::new().workers(2).codec(codec)).unwrap()
 }
 
+/// A runner on worker threads and one on worker processes (whose workers carry `tag`), for the
+/// tests that both must pass.
+pub fn both_modes(tag: &str) -> [Runner; 2] {
+    [runner(), crate::process::process_runner(2, tag)]
+}
+
 /// Host functions that count their calls.
 #[derive(Clone, Default)]
 pub struct Tools {

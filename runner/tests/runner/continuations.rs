@@ -270,16 +270,39 @@ return [n, await tools.approve(n)]";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_ledger_replays_while_it_is_decoded() {
-    let runner = runner();
-    let tools = Tools::default();
-    let first = suspended(&runner, RunRequest::new(LARGE_LEDGER).host(tools.host())).await;
-    assert!(first.continuation.len() > 100_000, "{} bytes", first.continuation.len());
-    let resolution = Resolution::new(first.interruptions[0].id.clone(), json!("yes"));
-    let request = RunRequest::new(LARGE_LEDGER).host(tools.host()).resume(first.continuation, [resolution]);
-    let done = value(&runner, request).await;
-    assert_eq!(done[1], json!("yes"));
-    assert!(done[0].as_u64().unwrap() >= 40 * 4096);
-    assert_eq!((tools.count("echo"), tools.count("approve")), (40, 2), "recorded calls are not run again");
+    for runner in both_modes("ledger") {
+        let tools = Tools::default();
+        let first = suspended(&runner, RunRequest::new(LARGE_LEDGER).host(tools.host())).await;
+        assert!(first.continuation.len() > 100_000, "{} bytes", first.continuation.len());
+        let resolution = Resolution::new(first.interruptions[0].id.clone(), json!("yes"));
+        let request = RunRequest::new(LARGE_LEDGER).host(tools.host()).resume(first.continuation, [resolution]);
+        let done = value(&runner, request).await;
+        assert_eq!(done[1], json!("yes"));
+        assert!(done[0].as_u64().unwrap() >= 40 * 4096);
+        assert_eq!((tools.count("echo"), tools.count("approve")), (40, 2), "recorded calls are not run again");
+    }
+}
+
+/// A decision for a call of a large (streamed) token that did not interrupt, or for a call it
+/// does not record: refused as an unknown interruption once the state is decoded, on threads
+/// and in a worker process alike (where the parent checks it, not the worker), and no host
+/// function runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_decision_for_a_call_that_did_not_interrupt_is_refused() {
+    for runner in both_modes("undecided") {
+        let tools = Tools::default();
+        let first = suspended(&runner, RunRequest::new(LARGE_LEDGER).host(tools.host())).await;
+        let before = tools.total();
+        for id in ["interrupt-1", "interrupt-40", "interrupt-99"] {
+            let request = RunRequest::new(LARGE_LEDGER)
+                .host(tools.host())
+                .resume(&first.continuation, [Resolution::new(id, json!(1))]);
+            let err = error(&runner, request).await;
+            assert_code(&err, ErrorCode::ProtocolError);
+            assert!(err.message.contains("unknown interruption"), "{id}: {}", err.message);
+        }
+        assert_eq!(tools.total(), before, "no host function ran");
+    }
 }
 
 /// Large states re-signed with the right key, wrong where only the end of decoding can tell
@@ -288,38 +311,40 @@ async fn a_large_ledger_replays_while_it_is_decoded() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_state_wrong_at_its_end_is_refused_before_any_host_call() {
     use resumable_runner::codec::{SignedCodec, SignedCodecConfig, compress, decompress};
-    let runner = runner();
-    let tools = Tools::default();
-    let first = suspended(&runner, RunRequest::new(LARGE_LEDGER).host(tools.host())).await;
-    let id = first.interruptions[0].id.clone();
-    let before = tools.total();
-    let last_argument = |state: &mut Vec<u8>| {
-        let name = b"tools.echo";
-        let at = state.windows(name.len()).rposition(|w| w == name).unwrap() + name.len() + 8;
-        state[at] = if state[at] == b'a' { b'b' } else { b'a' };
-    };
-    let bad_checksum = {
-        let codec = SignedCodec::new(SignedCodecConfig::new(SECRET)).unwrap();
-        let now = std::time::SystemTime::now();
-        let (header, compressed) = codec.decode_unscoped(&first.continuation, now).unwrap();
-        let mut state = decompress(&compressed, 1 << 24).unwrap();
-        *state.last_mut().unwrap() ^= 1;
-        codec.encode(&compress(&state), &header.audience, now)
-    };
-    let cases = [
-        ("diverged", forge(&first.continuation, last_argument)),
-        ("truncated", forge(&first.continuation, |state| state.truncate(state.len() - 3))),
-        ("trailing", forge(&first.continuation, |state| state.push(0))),
-        ("checksum", bad_checksum),
-    ];
-    for (expected, token) in cases {
-        let request =
-            RunRequest::new(LARGE_LEDGER).host(tools.host()).resume(token, [Resolution::new(id.clone(), json!("yes"))]);
-        let err = error(&runner, request).await;
-        assert_code(&err, ErrorCode::ProtocolError);
-        assert!(err.message.contains(expected), "{expected}: {}", err.message);
+    for runner in both_modes("state") {
+        let tools = Tools::default();
+        let first = suspended(&runner, RunRequest::new(LARGE_LEDGER).host(tools.host())).await;
+        let id = first.interruptions[0].id.clone();
+        let before = tools.total();
+        let last_argument = |state: &mut Vec<u8>| {
+            let name = b"tools.echo";
+            let at = state.windows(name.len()).rposition(|w| w == name).unwrap() + name.len() + 8;
+            state[at] = if state[at] == b'a' { b'b' } else { b'a' };
+        };
+        let bad_checksum = {
+            let codec = SignedCodec::new(SignedCodecConfig::new(SECRET)).unwrap();
+            let now = std::time::SystemTime::now();
+            let (header, compressed) = codec.decode_unscoped(&first.continuation, now).unwrap();
+            let mut state = decompress(&compressed, 1 << 24).unwrap();
+            *state.last_mut().unwrap() ^= 1;
+            codec.encode(&compress(&state), &header.audience, now)
+        };
+        let cases = [
+            ("diverged", forge(&first.continuation, last_argument)),
+            ("truncated", forge(&first.continuation, |state| state.truncate(state.len() - 3))),
+            ("trailing", forge(&first.continuation, |state| state.push(0))),
+            ("checksum", bad_checksum),
+        ];
+        for (expected, token) in cases {
+            let request = RunRequest::new(LARGE_LEDGER)
+                .host(tools.host())
+                .resume(token, [Resolution::new(id.clone(), json!("yes"))]);
+            let err = error(&runner, request).await;
+            assert_code(&err, ErrorCode::ProtocolError);
+            assert!(err.message.contains(expected), "{expected}: {}", err.message);
+        }
+        assert_eq!(tools.total(), before, "no wrong state reached a host function");
     }
-    assert_eq!(tools.total(), before, "no wrong state reached a host function");
 }
 
 /// A large token with one character changed in its first or its last chunk of state, or in a
@@ -327,24 +352,25 @@ async fn a_large_state_wrong_at_its_end_is_refused_before_any_host_call() {
 /// the chunks before the forged one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_large_token_forged_in_any_chunk_is_refused_before_any_host_call() {
-    let runner = runner();
-    let tools = Tools::default();
-    let first = suspended(&runner, RunRequest::new(LARGE_LEDGER).host(tools.host())).await;
-    let id = first.interruptions[0].id.clone();
-    let before = tools.total();
-    let token = first.continuation.clone();
-    let (state_start, state_end) = (token.find('.').unwrap() + 1, token.rfind('.').unwrap());
-    assert!(state_end - state_start > 2 * 65_536, "several chunks: {}", state_end - state_start);
-    for at in [state_start + 100, state_end - 100, token.len() - 20] {
-        let forged = with_char_changed(&token, at);
-        let request = RunRequest::new(LARGE_LEDGER)
-            .host(tools.host())
-            .resume(forged, [Resolution::new(id.clone(), json!("yes"))]);
-        let err = error(&runner, request).await;
-        assert_code(&err, ErrorCode::ProtocolError);
-        assert!(err.message.contains("bad_signature"), "at {at}: {}", err.message);
+    for runner in both_modes("token") {
+        let tools = Tools::default();
+        let first = suspended(&runner, RunRequest::new(LARGE_LEDGER).host(tools.host())).await;
+        let id = first.interruptions[0].id.clone();
+        let before = tools.total();
+        let token = first.continuation.clone();
+        let (state_start, state_end) = (token.find('.').unwrap() + 1, token.rfind('.').unwrap());
+        assert!(state_end - state_start > 2 * 65_536, "several chunks: {}", state_end - state_start);
+        for at in [state_start + 100, state_end - 100, token.len() - 20] {
+            let forged = with_char_changed(&token, at);
+            let request = RunRequest::new(LARGE_LEDGER)
+                .host(tools.host())
+                .resume(forged, [Resolution::new(id.clone(), json!("yes"))]);
+            let err = error(&runner, request).await;
+            assert_code(&err, ErrorCode::ProtocolError);
+            assert!(err.message.contains("bad_signature"), "at {at}: {}", err.message);
+        }
+        assert_eq!(tools.total(), before, "no forged state reached a host function");
     }
-    assert_eq!(tools.total(), before, "no forged state reached a host function");
 }
 
 /// A large token forged in its last chunk, resumed in ways that fail for another reason while
@@ -352,32 +378,33 @@ async fn a_large_token_forged_in_any_chunk_is_refused_before_any_host_call() {
 /// resolution that answers nothing, another source): refused as forged all the same.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_chunk_is_the_verdict_whatever_fails_first() {
-    let runner = runner();
-    let tools = Tools::default();
-    let first = suspended(&runner, RunRequest::new(LARGE_LEDGER).host(tools.host())).await;
-    let id = first.interruptions[0].id.clone();
-    let before = tools.total();
-    let last_chunk = first.continuation.rfind('.').unwrap() - 100;
-    let forged = with_char_changed(&first.continuation, last_chunk);
-    let few_calls = LimitOverrides::new().with(Limit::HostCalls, 5).unwrap();
-    let requests = [
-        RunRequest::new(LARGE_LEDGER)
-            .host(tools.host())
-            .limits(few_calls)
-            .resume(forged.clone(), [Resolution::new(id.clone(), json!("yes"))]),
-        RunRequest::new(LARGE_LEDGER)
-            .host(tools.host())
-            .resume(forged.clone(), [Resolution::new("interrupt-0", json!(1))]),
-        RunRequest::new(format!("{LARGE_LEDGER};"))
-            .host(tools.host())
-            .resume(forged.clone(), [Resolution::new(id.clone(), json!("yes"))]),
-    ];
-    for request in requests {
-        let err = error(&runner, request).await;
-        assert_code(&err, ErrorCode::ProtocolError);
-        assert!(err.message.contains("bad_signature"), "{}", err.message);
+    for runner in both_modes("chunk") {
+        let tools = Tools::default();
+        let first = suspended(&runner, RunRequest::new(LARGE_LEDGER).host(tools.host())).await;
+        let id = first.interruptions[0].id.clone();
+        let before = tools.total();
+        let last_chunk = first.continuation.rfind('.').unwrap() - 100;
+        let forged = with_char_changed(&first.continuation, last_chunk);
+        let few_calls = LimitOverrides::new().with(Limit::HostCalls, 5).unwrap();
+        let requests = [
+            RunRequest::new(LARGE_LEDGER)
+                .host(tools.host())
+                .limits(few_calls)
+                .resume(forged.clone(), [Resolution::new(id.clone(), json!("yes"))]),
+            RunRequest::new(LARGE_LEDGER)
+                .host(tools.host())
+                .resume(forged.clone(), [Resolution::new("interrupt-0", json!(1))]),
+            RunRequest::new(format!("{LARGE_LEDGER};"))
+                .host(tools.host())
+                .resume(forged.clone(), [Resolution::new(id.clone(), json!("yes"))]),
+        ];
+        for request in requests {
+            let err = error(&runner, request).await;
+            assert_code(&err, ErrorCode::ProtocolError);
+            assert!(err.message.contains("bad_signature"), "{}", err.message);
+        }
+        assert_eq!(tools.total(), before, "no forged state reached a host function");
     }
-    assert_eq!(tools.total(), before, "no forged state reached a host function");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
