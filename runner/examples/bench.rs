@@ -9,7 +9,10 @@
 //! workload h. Beyond the peer keys, `bytecode_cold_ms` (a new source every run,
 //! always compiled), `bytecode_warm_ms` (the same source, from the bytecode
 //! cache) and `bytecode_speedup` (ratio of their medians) show what the cache saves,
-//! and `c_200_calls_small_events_ms` is workload c read as live events.
+//! and `c_200_calls_small_events_ms` is workload c read as live events. With `--processes`,
+//! `a_trivial_fresh_process_ms` is workload a with a new worker process for every run
+//! (`ProcessConfig::reuse(false)`), and `confinement_syscall_ns` what the worker's seccomp
+//! filters add to each system call (measured in a child that confines itself).
 
 use resumable_runner::codec::{SignedCodec, SignedCodecConfig};
 use resumable_runner::host::{HostError, HostFunctions};
@@ -285,6 +288,32 @@ async fn profile(workload: &str, n: usize) {
     eprintln!("{workload}: {:.3} ms per run", ms(started) / n as f64);
 }
 
+/// What one system call a worker makes while it waits (a `ppoll` that finds nothing) costs
+/// before and after `confine_worker` installs its seccomp filters: the median of 20 batches of
+/// 10,000 calls, in nanoseconds per call.
+fn confinement_probe() {
+    fn per_call_ns() -> f64 {
+        let mut batches: Vec<f64> = (0..20)
+            .map(|_| {
+                let started = Instant::now();
+                for _ in 0..10_000 {
+                    let mut poll = libc::pollfd { fd: 0, events: libc::POLLIN, revents: 0 };
+                    let zero = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+                    // SAFETY: one valid pollfd, a valid timespec, no signal mask.
+                    unsafe { libc::ppoll(&mut poll, 1, &zero, std::ptr::null()) };
+                }
+                started.elapsed().as_nanos() as f64 / 10_000.0
+            })
+            .collect();
+        batches.sort_by(f64::total_cmp);
+        r3(batches[batches.len() / 2])
+    }
+    let unconfined = per_call_ns();
+    resumable_runner::process::confine_worker().expect("this machine confines workers");
+    let confined = per_call_ns();
+    print!("{}", json!({ "unconfined": unconfined, "confined": confined, "added": r3(confined - unconfined) }));
+}
+
 async fn rss_child() {
     let baseline = peak_rss_bytes();
     let runner = new_runner();
@@ -397,6 +426,22 @@ async fn bench() {
     out.insert("g_parallel8_batch_ms".into(), g);
     out.insert("g_parallel8_runs_per_sec".into(), json!(r3(8000.0 / median)));
 
+    if mode == "process" {
+        // One process per run (`ProcessConfig::reuse(false)`), and what confinement adds to
+        // each system call a worker makes.
+        let fresh = ProcessConfig::current_exe().expect("own path").reuse(false);
+        let fresh = Runner::new(RunnerConfig::new().processes(fresh)).expect("runner starts");
+        let fresh_reps = fast.min(20);
+        out.insert(
+            "a_trivial_fresh_process_ms".into(),
+            timed(&fresh, "a-fresh", RunRequest::new(TRIVIAL), json!(2), 2, fresh_reps).await,
+        );
+        let exe = std::env::current_exe().expect("own path");
+        let probe = std::process::Command::new(exe).arg("--confinement-probe").output().expect("probe child");
+        let probe: Value = serde_json::from_slice(&probe.stdout).expect("probe output");
+        out.insert("confinement_syscall_ns".into(), probe);
+    }
+
     let exe = std::env::current_exe().expect("own path");
     let mut rss = std::process::Command::new(exe);
     rss.arg("--rss").args(std::env::args().filter(|a| a == "--processes"));
@@ -411,6 +456,10 @@ async fn bench() {
 fn main() {
     if std::env::args().nth(1).as_deref() == Some(WORKER_ARGUMENT) {
         serve_worker();
+    }
+    if std::env::args().nth(1).as_deref() == Some("--confinement-probe") {
+        confinement_probe();
+        return;
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("tokio");
     let args: Vec<String> = std::env::args().collect();

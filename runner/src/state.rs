@@ -37,6 +37,15 @@ pub(crate) enum CallOutcome {
 }
 
 impl CallOutcome {
+    /// The bytes it records, as the output limit of host calls counts them.
+    pub(crate) fn size(&self) -> usize {
+        match self {
+            CallOutcome::Fulfilled(text) => text.len(),
+            CallOutcome::Interrupted(text) => text.len(),
+            CallOutcome::Rejected { message, details } => message.len() + details.as_ref().map_or(0, String::len),
+        }
+    }
+
     /// How a host function's `result` is recorded: values and payloads as their JSON text, and
     /// a value or payload nested deeper than the sandbox reads (100 levels) as a failed call.
     /// The worker records its ledger with this, and in process mode the parent records what it
@@ -64,7 +73,7 @@ impl CallOutcome {
 }
 
 /// Whether `value` nests deeper than `max` (checked without recursion).
-fn json_depth_exceeds(value: &Value, max: usize) -> bool {
+pub(crate) fn json_depth_exceeds(value: &Value, max: usize) -> bool {
     let mut stack: Vec<(&Value, usize)> = vec![(value, 1)];
     while let Some((value, depth)) = stack.pop() {
         let children: Box<dyn Iterator<Item = &Value>> = match value {
@@ -611,6 +620,11 @@ pub(crate) fn check_head(
         return Err(RunError::new(ErrorCode::BridgeLimit, "the continuation records more host calls than the limit"));
     }
     Ok(())
+}
+
+/// The error for a host call whose output is over the limit of `bytes`.
+pub(crate) fn output_too_large(function: &str, bytes: usize) -> RunError {
+    RunError::new(ErrorCode::BridgeLimit, format!("the output of {function} is larger than the limit of {bytes} bytes"))
 }
 
 /// The error for a resolution that names no interrupted call.

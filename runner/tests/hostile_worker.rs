@@ -219,6 +219,12 @@ fn fake_worker(mode: &str, arg: Option<&str>) {
                 }
                 write_frame(&mut out, &done_completed(json!("flooded")));
             }
+            // Asks for a large result and completes with it, whatever the output limit says.
+            "ignores-output-limit" => {
+                write_frame(&mut out, &call(next_live(), "tools.big", "[]", false));
+                let settled = read_frame(&mut input).unwrap_or(Value::Null);
+                write_frame(&mut out, &done_completed(settled["Settled"]["outcome"]["Value"].clone()));
+            }
             // Asks for a large result and never reads again.
             "stops-reading" => {
                 write_frame(&mut out, &call(next_live(), "tools.big", "[]", false));
@@ -434,6 +440,18 @@ async fn calls_out_of_order_or_over_the_limits_are_refused() {
     assert!(started.elapsed() < Duration::from_secs(4), "refused at once, not at the deadline");
     assert_eq!(effects.counted.load(Ordering::SeqCst), 3, "only the calls within the limit ran");
     assert_eq!(effects.refund_calls(), 0, "nothing ran for the undecided resume");
+}
+
+async fn outputs_over_the_limit_are_refused_by_the_parent() {
+    let effects = Effects::default();
+    let request = || RunRequest::new("return 1").host(effects.host());
+    let within = limits(&[(Limit::Result, 2 << 20)]);
+    let done = hostile("ignores-output-limit", None).run(request().limits(within)).await;
+    let Ok(Outcome::Completed(done)) = done else { panic!("{done:?}") };
+    assert_eq!(done.value.as_str().map(str::len), Some(1 << 20), "the worker got the output");
+    let over = limits(&[(Limit::Result, 2 << 20), (Limit::HostCallOutput, 1000)]);
+    let refused = hostile("ignores-output-limit", None).run(request().limits(over)).await;
+    assert_code(&refused, ErrorCode::BridgeLimit);
 }
 
 async fn frames_are_capped_by_the_runs_limits() {
@@ -722,7 +740,7 @@ fn main() {
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     type Scenario = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
-    let scenarios: [(&str, Scenario); 12] = [
+    let scenarios: [(&str, Scenario); 13] = [
         ("a_store_that_hangs_on_consume_cannot_hold_the_run_past_its_deadline", || {
             Box::pin(a_store_that_hangs_on_consume_cannot_hold_the_run_past_its_deadline())
         }),
@@ -746,6 +764,9 @@ fn main() {
             Box::pin(calls_out_of_order_or_over_the_limits_are_refused())
         }),
         ("frames_are_capped_by_the_runs_limits", || Box::pin(frames_are_capped_by_the_runs_limits())),
+        ("outputs_over_the_limit_are_refused_by_the_parent", || {
+            Box::pin(outputs_over_the_limit_are_refused_by_the_parent())
+        }),
         ("a_flood_of_events_keeps_the_parents_memory_bounded", || {
             Box::pin(a_flood_of_events_keeps_the_parents_memory_bounded())
         }),

@@ -21,8 +21,10 @@ use crate::event_queue::EventQueue;
 use crate::job::{RawOutcome, Replay};
 use crate::limits::{Limit, Limits};
 use crate::link::{Begun, HostCall};
+use crate::sandbox::MAX_DEPTH;
 use crate::state::{
-    CallOutcome, ContinuationState, LedgerEntry, StateHead, check_head, pending_interruptions, unknown_interruption,
+    CallOutcome, ContinuationState, LedgerEntry, StateHead, check_head, json_depth_exceeds, output_too_large,
+    pending_interruptions, unknown_interruption,
 };
 use resumable_host::{CancelSignal, HostFunctions, HostResult, Resume};
 use serde_json::Value;
@@ -98,6 +100,7 @@ struct Allowance {
     calls: u64,
     in_flight: usize,
     argument_bytes: usize,
+    output_bytes: usize,
 }
 
 impl Allowance {
@@ -106,6 +109,7 @@ impl Allowance {
             calls: limits.get(Limit::HostCalls),
             in_flight: limits.usize(Limit::HostCallsInFlight),
             argument_bytes: limits.usize(Limit::HostCallArguments),
+            output_bytes: limits.usize(Limit::HostCallOutput),
         }
     }
 }
@@ -558,6 +562,9 @@ impl<'a> Progress<'a> {
         let Ok(parsed) = serde_json::from_str::<Vec<Value>>(arguments) else {
             return Err(violation(format!("the arguments of call {index} are not a JSON array")));
         };
+        if parsed.iter().any(|value| json_depth_exceeds(value, MAX_DEPTH)) {
+            return Err(violation(format!("the arguments of call {index} nest deeper than {MAX_DEPTH} levels")));
+        }
         Ok((resume, parsed))
     }
 }
@@ -581,7 +588,12 @@ async fn settle(
     stop_at: Instant,
     cancel: Option<&CancelSignal>,
 ) -> Result<(), Ending> {
-    run.in_flight.end(run.served.get(&index).is_some_and(|call| call.live));
+    let Some(call) = run.served.get(&index) else { return Err(violation(format!("call {index} was not served"))) };
+    run.in_flight.end(call.live);
+    // What the worker would refuse; checked here all the same, for the ledger this side builds.
+    if CallOutcome::recorded(&result).size() > run.allowance.output_bytes {
+        return Err(Ending::Lost(output_too_large(&call.function, run.allowance.output_bytes)));
+    }
     run.clock = wall_clock_ms().max(run.clock);
     let message = ToChild::Settled { index, outcome: CallOutcomeFrame::from(result), clock: run.clock };
     write(worker, &message, stop_at, cancel).await?;

@@ -22,7 +22,7 @@ use crate::ledger_feed::LedgerFeed;
 use crate::limits::Limit;
 use crate::link::{CallRequest, HostLink};
 use crate::outcome::ConsoleLevel;
-use crate::state::{CallOutcome, LedgerEntry, check_head, unknown_interruption};
+use crate::state::{CallOutcome, LedgerEntry, check_head, output_too_large, unknown_interruption};
 use crate::text::{clip, truncate};
 use resumable_host::{HostResult, Resume, unknown_function_message};
 use rquickjs::function::Rest;
@@ -890,15 +890,9 @@ impl<'js> Driver<'_, 'js> {
         let env = &*self.env;
         let clock = clock.unwrap_or_else(wall_clock_ms).max(env.shared.clock.get());
         let outcome = CallOutcome::recorded(&result);
-        let size = match &outcome {
-            CallOutcome::Fulfilled(text) => text.len(),
-            CallOutcome::Interrupted(text) => text.len(),
-            CallOutcome::Rejected { message, details } => message.len() + details.as_ref().map_or(0, String::len),
-        };
         let function = env.bridge.borrow().ledger[index as usize - 1].function.clone();
-        if size > env.output_bytes {
-            let message = format!("the output of {function} is larger than the limit of {} bytes", env.output_bytes);
-            return Step::Done(Err(RunError::new(ErrorCode::BridgeLimit, message)));
+        if outcome.size() > env.output_bytes {
+            return Step::Done(Err(output_too_large(&function, env.output_bytes)));
         }
         if matches!(outcome, CallOutcome::Interrupted(_)) && !env.can_interrupt {
             return Step::Done(Err(RunError::new(
