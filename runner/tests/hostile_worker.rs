@@ -15,7 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use resumable_runner::codec::{SignedCodec, SignedCodecConfig};
-use resumable_runner::host::HostFunctions;
+use resumable_runner::host::{CancelSignal, HostFunctions};
 use resumable_runner::process::ProcessConfig;
 use resumable_runner::{
     ErrorCode, Limit, LimitOverrides, MemoryContinuationStore, Outcome, Resolution, RunError, RunRequest, Runner,
@@ -218,6 +218,13 @@ fn fake_worker(mode: &str, arg: Option<&str>) {
                     write_raw(&mut out, body.as_bytes());
                 }
                 write_frame(&mut out, &done_completed(json!("flooded")));
+            }
+            // Waits on a slow call until it is told to abort, then asks for a refund all the same.
+            "calls-after-abort" => {
+                write_frame(&mut out, &call(next_live(), "tools.slow", "[]", false));
+                while read_frame(&mut input).is_some_and(|frame| frame != json!("Abort")) {}
+                write_frame(&mut out, &call(next_live() + 1, "tools.refund", r#"["A-1002",1500]"#, false));
+                std::thread::sleep(Duration::from_secs(30));
             }
             // Asks for a large result and completes with it, whatever the output limit says.
             "ignores-output-limit" => {
@@ -440,6 +447,19 @@ async fn calls_out_of_order_or_over_the_limits_are_refused() {
     assert!(started.elapsed() < Duration::from_secs(4), "refused at once, not at the deadline");
     assert_eq!(effects.counted.load(Ordering::SeqCst), 3, "only the calls within the limit ran");
     assert_eq!(effects.refund_calls(), 0, "nothing ran for the undecided resume");
+}
+
+async fn no_host_function_starts_once_the_run_is_cancelled() {
+    let effects = Effects::default();
+    let cancel = CancelSignal::new();
+    let request = RunRequest::new("return 1").host(effects.host()).cancel(cancel.clone());
+    let runner = hostile("calls-after-abort", None);
+    let run = tokio::spawn(async move { runner.run(request).await });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    cancel.cancel();
+    let ended = run.await.unwrap();
+    assert_code(&ended, ErrorCode::Aborted);
+    assert_eq!(effects.refund_calls(), 0, "nothing started after the cancel");
 }
 
 async fn outputs_over_the_limit_are_refused_by_the_parent() {
@@ -740,7 +760,7 @@ fn main() {
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     type Scenario = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
-    let scenarios: [(&str, Scenario); 13] = [
+    let scenarios: [(&str, Scenario); 14] = [
         ("a_store_that_hangs_on_consume_cannot_hold_the_run_past_its_deadline", || {
             Box::pin(a_store_that_hangs_on_consume_cannot_hold_the_run_past_its_deadline())
         }),
@@ -764,6 +784,9 @@ fn main() {
             Box::pin(calls_out_of_order_or_over_the_limits_are_refused())
         }),
         ("frames_are_capped_by_the_runs_limits", || Box::pin(frames_are_capped_by_the_runs_limits())),
+        ("no_host_function_starts_once_the_run_is_cancelled", || {
+            Box::pin(no_host_function_starts_once_the_run_is_cancelled())
+        }),
         ("outputs_over_the_limit_are_refused_by_the_parent", || {
             Box::pin(outputs_over_the_limit_are_refused_by_the_parent())
         }),

@@ -310,6 +310,10 @@ impl Session {
                 Event::Deadline => break if abort_deadline.is_some() { aborted() } else { timed_out() },
             };
             let (index, function, arguments, resumed) = call;
+            // Once the caller gave up, no host function starts: only settles reach the worker.
+            if abort_deadline.is_some() {
+                break aborted();
+            }
             let (resume, parsed) = match run.admit(index, &function, &arguments, resumed) {
                 Ok(admitted) => admitted,
                 Err(ending) => break ending,
