@@ -168,22 +168,51 @@ impl fmt::Display for NameError {
 
 impl std::error::Error for NameError {}
 
+/// Why a part of a host-function name is not an identifier.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum IdentifierError {
+    /// The part is empty.
+    Empty,
+    /// The part is longer than [`MAX_NAME_LEN`] bytes.
+    TooLong,
+    /// The part starts with something else than a letter, `_` or `$`.
+    BadStart(String),
+    /// The part holds a character that an identifier may not.
+    BadCharacter(String, char),
+}
+
+impl fmt::Display for IdentifierError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            IdentifierError::Empty => write!(f, "empty name"),
+            IdentifierError::TooLong => write!(f, "longer than {MAX_NAME_LEN} bytes"),
+            IdentifierError::BadStart(part) => write!(f, "{part:?} must start with a letter, '_' or '$'"),
+            IdentifierError::BadCharacter(part, bad) => {
+                write!(f, "{part:?} contains {bad:?}; only letters, digits, '_' and '$' are allowed")
+            }
+        }
+    }
+}
+
+impl std::error::Error for IdentifierError {}
+
 /// Checks that `part` is an ASCII JavaScript identifier (`[A-Za-z_$][A-Za-z0-9_$]*`)
 /// of at most [`MAX_NAME_LEN`] bytes.
-pub fn validate_identifier(part: &str) -> Result<(), String> {
+pub fn validate_identifier(part: &str) -> Result<(), IdentifierError> {
     if part.is_empty() {
-        return Err("empty name".into());
+        return Err(IdentifierError::Empty);
     }
     if part.len() > MAX_NAME_LEN {
-        return Err(format!("longer than {MAX_NAME_LEN} bytes"));
+        return Err(IdentifierError::TooLong);
     }
     let mut chars = part.chars();
     let first = chars.next().unwrap_or('0');
     if !(first.is_ascii_alphabetic() || first == '_' || first == '$') {
-        return Err(format!("{part:?} must start with a letter, '_' or '$'"));
+        return Err(IdentifierError::BadStart(part.to_string()));
     }
     if let Some(bad) = chars.find(|c| !(c.is_ascii_alphanumeric() || *c == '_' || *c == '$')) {
-        return Err(format!("{part:?} contains {bad:?}; only letters, digits, '_' and '$' are allowed"));
+        return Err(IdentifierError::BadCharacter(part.to_string(), bad));
     }
     Ok(())
 }

@@ -174,7 +174,8 @@ pub fn confine_worker() -> Result<(), ConfinementError> {
 /// # Safety
 /// Call only in a child between `fork` and `exec` (a `pre_exec` hook).
 pub(crate) unsafe fn at_spawn() -> std::io::Result<()> {
-    // SAFETY (for every call below): plain system calls on this process, no memory of its own.
+    // SAFETY: plain system calls on this process (prctl, close_range or fcntl, unshare), which
+    // touch no memory of it; the caller runs this between fork and exec.
     unsafe {
         if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
             return Err(std::io::Error::last_os_error());

@@ -83,7 +83,8 @@ pub(crate) trait Blocks: 'static {
     /// Resizes a block; null (the old block kept) on failure.
     ///
     /// # Safety
-    /// `block` came from this source with `layout`.
+    /// `block` came from this source with `layout`, and `new_size` is non-zero and is the size
+    /// of a valid layout with `layout`'s alignment.
     unsafe fn reallocate(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8;
 }
 
@@ -97,10 +98,13 @@ impl Blocks for SystemBlocks {
     }
 
     unsafe fn deallocate(&self, block: *mut u8, layout: Layout) {
+        // SAFETY: the caller guarantees `block` came from mimalloc (this source) with `layout`.
         unsafe { MiMalloc.dealloc(block, layout) }
     }
 
     unsafe fn reallocate(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: `block` came from mimalloc with `layout`, and `new_size` is non-zero and valid
+        // for `layout`'s alignment (the caller's contract).
         unsafe { MiMalloc.realloc(block, layout, new_size) }
     }
 }
@@ -117,10 +121,13 @@ impl Blocks for Rc<Arena> {
     }
 
     unsafe fn deallocate(&self, block: *mut u8, layout: Layout) {
+        // SAFETY: the caller guarantees `block` came from this arena with `layout`.
         unsafe { Arena::deallocate(self, block, layout) }
     }
 
     unsafe fn reallocate(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: `block` came from this arena with `layout` and `new_size` is non-zero (the
+        // caller's contract).
         unsafe { Arena::reallocate(self, block, layout, new_size) }
     }
 }
@@ -135,10 +142,19 @@ fn layout(size: usize) -> Option<Layout> {
     Layout::from_size_align(size.checked_add(HEADER)?, ALIGN).ok()
 }
 
+/// The size recorded in the header of an allocator block.
+///
+/// # Safety
+/// `ptr` is non-null and was returned by a [`MeteredAllocator`] that has not freed it since.
 unsafe fn size_of_block(ptr: *mut u8) -> usize {
+    // SAFETY: such a block starts `HEADER` bytes before `ptr`, 16-byte aligned, with its size
+    // written there as a `usize`.
     unsafe { ptr.sub(HEADER).cast::<usize>().read() }
 }
 
+// SAFETY: every block has `HEADER` bytes before the pointer handed out, and both sources align it
+// to 16, so the pointer is 16-aligned with at least the requested size after it; `usable_size`
+// returns that requested size, read back from the header.
 unsafe impl<B: Blocks> Allocator for MeteredAllocator<B> {
     fn alloc(&mut self, size: usize) -> *mut u8 {
         self.allocate(size, false)
@@ -155,6 +171,9 @@ unsafe impl<B: Blocks> Allocator for MeteredAllocator<B> {
         if ptr.is_null() {
             return;
         }
+        // SAFETY: `ptr` is non-null and came from this allocator (the trait's contract), so its
+        // header holds the size it was allocated or last resized with, and its block starts
+        // `HEADER` bytes before it with `layout(size)`.
         unsafe {
             let size = size_of_block(ptr);
             self.meter.used.set(self.meter.used.get() - size);
@@ -166,11 +185,15 @@ unsafe impl<B: Blocks> Allocator for MeteredAllocator<B> {
         if ptr.is_null() {
             return self.allocate(new_size, false);
         }
+        // SAFETY: `ptr` is non-null and came from this allocator (the trait's contract).
         let old_size = unsafe { size_of_block(ptr) };
         if new_size > old_size && !self.meter.admit(new_size - old_size) {
             return std::ptr::null_mut();
         }
         let Some(new_layout) = layout(new_size) else { return std::ptr::null_mut() };
+        // SAFETY: the block starts `HEADER` bytes before `ptr` with `layout(old_size)`, and
+        // `new_layout` is a valid layout of non-zero size with the same alignment; a non-null
+        // result has `new_layout.size()` bytes, room for the header and `new_size` after it.
         unsafe {
             let old_layout = layout(old_size).expect("layout was valid at allocation");
             let base = self.blocks.reallocate(ptr.sub(HEADER), old_layout, new_layout.size());
@@ -185,6 +208,8 @@ unsafe impl<B: Blocks> Allocator for MeteredAllocator<B> {
     }
 
     unsafe fn usable_size(ptr: *mut u8) -> usize {
+        // SAFETY: the caller guarantees `ptr` came from this allocator; rquickjs answers a null
+        // pointer itself before calling here.
         unsafe { size_of_block(ptr) }
     }
 }
@@ -202,6 +227,8 @@ impl<B: Blocks> MeteredAllocator<B> {
             self.meter.exceeded.set(true);
             return std::ptr::null_mut();
         }
+        // SAFETY: `base` is a non-null, 16-aligned block of `size + HEADER` bytes, so the header
+        // write and the pointer `HEADER` bytes in stay inside it.
         unsafe {
             base.cast::<usize>().write(size);
             self.meter.used.set(self.meter.used.get() + size);

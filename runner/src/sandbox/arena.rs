@@ -215,14 +215,20 @@ impl Arena {
     /// # Safety
     /// `block` came from [`Arena::allocate`] or [`Arena::reallocate`] with `layout`.
     pub(crate) unsafe fn deallocate(&self, block: *mut u8, layout: Layout) {
+        // SAFETY: the caller guarantees `block` came from this heap with `layout`; the heap lives
+        // as long as the arena and is used only from its thread, with no other borrow of it live.
         unsafe { (*self.heap).deallocate(block, layout) }
     }
 
     /// Resizes a block, in place when possible; null (and the old block kept) on failure.
     ///
     /// # Safety
-    /// `block` came from this arena with `layout`.
+    /// `block` came from this arena with `layout`, and `new_size` is not zero.
     pub(crate) unsafe fn reallocate(&self, block: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: the heap lives as long as the arena and is used only from its thread, so this is
+        // the one borrow of it; `block` came from it with `layout` and `new_size` is non-zero (the
+        // caller's contract); the copy runs between two distinct live blocks, within both, and the
+        // old block is freed with its own layout.
         unsafe {
             let heap = &mut *self.heap;
             if heap.try_realloc_in_place(block, layout, new_size) {
@@ -286,15 +292,23 @@ impl Arena {
     /// during a run: rquickjs would keep a handle to it across the restore.
     pub(crate) unsafe fn restore(&self) {
         let Some(image) = self.image.get() else { return };
+        // SAFETY: the image was copied from [base, base + len), which stays committed (commits are
+        // never undone); the image's own buffer lives outside the range; and by the caller's
+        // contract nothing uses or borrows the heap while it is overwritten.
         unsafe { ptr::copy_nonoverlapping(image.as_ptr(), self.pages.base, image.len()) };
         let image_end = self.pages.base.wrapping_add(image.len());
         let grown = (self.pages.high_water.get() as usize).saturating_sub(image_end as usize);
-        // SAFETY (both branches): [image_end, high_water) is committed and, after the copy,
-        // outside the heap.
+        // Both branches below clear [image_end, high_water): committed memory that, after the
+        // copy, lies outside the heap.
         if grown <= KEEP_RESIDENT {
+            // SAFETY: [image_end, image_end + grown) is committed (the heap never grew past the
+            // committed end) and, after the copy, no block and nothing outside refers to it.
             unsafe { image_end.write_bytes(0, grown) };
         } else {
             let page = self.pages.base.wrapping_add(align_up(image.len(), PAGE));
+            // SAFETY: `page` is page-aligned and lies between `image_end` and `high_water` (which
+            // is more than `KEEP_RESIDENT` above it), all committed and, after the copy, unused;
+            // dropping private anonymous pages makes them read as zero, never unmaps them.
             unsafe {
                 image_end.write_bytes(0, page as usize - image_end as usize);
                 libc::madvise(page.cast(), self.pages.high_water.get() as usize - page as usize, libc::MADV_DONTNEED);
@@ -328,20 +342,27 @@ mod tests {
     fn a_restore_brings_back_every_byte_and_the_allocator_state() {
         let arena = Arena::new().unwrap();
         let kept = arena.allocate(layout(100));
+        // SAFETY: `kept` is a 100-byte block of the fresh arena (its first heap has room).
         unsafe { kept.write_bytes(7, 100) };
         arena.save();
         for round in 0..3u8 {
+            // SAFETY: `kept` predates the image, so every restore brings it back as a live block.
             unsafe { kept.write_bytes(round, 100) };
             let blocks: Vec<*mut u8> = (0..1000).map(|i| arena.allocate(layout(16 + i * 8))).collect();
             assert!(blocks.iter().all(|b| !b.is_null()));
             let big = arena.allocate(layout(8 * 1024 * 1024));
             assert!(!big.is_null());
+            // SAFETY: `big` is non-null (asserted), a block of 8 MiB.
             unsafe { big.write_bytes(1, 8 * 1024 * 1024) };
+            // SAFETY: no engine runs here, and the blocks made since the save are only compared
+            // by address afterwards, never read or written.
             unsafe { arena.restore() };
+            // SAFETY: the restore brought back `kept` with the 100 bytes it had at the save.
             assert!((0..100).all(|i| unsafe { *kept.add(i) } == 7));
             // The same allocations land in the same places: the allocator's state came back too.
             let again = arena.allocate(layout(16));
             assert_eq!(again, blocks[0], "round {round}");
+            // SAFETY: as above: nothing made since the save is used after this restore.
             unsafe { arena.restore() };
         }
     }
@@ -351,7 +372,9 @@ mod tests {
         let arena = Arena::new().unwrap();
         let block = arena.allocate(layout(64 * 1024 * 1024));
         assert!(!block.is_null());
+        // SAFETY: `block` is non-null (asserted), a block of 64 MiB; this is its last byte.
         unsafe { block.add(64 * 1024 * 1024 - 1).write(1) };
+        // SAFETY: `block` came from this arena with this layout, and the new size is not zero.
         let reallocated = unsafe { arena.reallocate(block, layout(64 * 1024 * 1024), 65 * 1024 * 1024) };
         assert!(!reallocated.is_null());
         assert!(arena.allocate(layout(MAX_MEMORY_BYTES + ENGINE_ROOM)).is_null());
@@ -364,15 +387,19 @@ mod tests {
         arena.save();
         let size = 32 * 1024 * 1024;
         let block = arena.allocate(layout(size));
+        // SAFETY: `block` is a block of `size` bytes (the reserve is far larger).
         unsafe { block.write_bytes(1, size) };
         let resident = |block: *mut u8| {
             let start = (block as usize / PAGE) * PAGE;
             let pages = size / PAGE;
             let mut flags = vec![0u8; pages + 1];
+            // SAFETY: [start, start + pages * PAGE) is page-aligned and inside the arena's mapping,
+            // and `flags` has a byte for each of those pages.
             assert_eq!(unsafe { libc::mincore(start as *mut libc::c_void, pages * PAGE, flags.as_mut_ptr()) }, 0);
             flags.iter().filter(|f| **f & 1 == 1).count()
         };
         assert!(resident(block) > size / PAGE / 2);
+        // SAFETY: no engine runs here, and `block` is only used afterwards as an address.
         unsafe { arena.restore() };
         // Only pages inside the image (its first few) stay.
         assert!(resident(block) < 64, "{} pages still resident", resident(block));
@@ -390,6 +417,7 @@ mod tests {
         assert!(arena.allocate(layout(2 * 1024 * 1024)).is_null());
         let extent = arena.heap_end() as usize - arena.pages.base as usize;
         assert!(extent <= arena.image_bytes() + 1024 * 1024, "{extent}");
+        // SAFETY: no engine runs here, and the blocks in `small` are never used again.
         unsafe { arena.restore() };
         assert!(!arena.allocate(layout(2 * 1024 * 1024)).is_null());
     }
@@ -401,10 +429,14 @@ mod tests {
         arena.save();
         for size in [100 * 1024, 16 * 1024 * 1024] {
             let block = arena.allocate(layout(size));
+            // SAFETY: `block` is a block of `size` bytes (the reserve is far larger).
             unsafe { block.write_bytes(0xA5, size) };
+            // SAFETY: no engine runs here; `block` is only read below as the arena's raw memory.
             unsafe { arena.restore() };
             let image_end = arena.pages.base.wrapping_add(arena.image_bytes());
             let start = (block as usize).max(image_end as usize) as *const u8;
+            // SAFETY: [start, block + size) is committed memory of the arena (commits are never
+            // undone) that nothing writes while the slice lives; cleared or dropped pages read as 0.
             let tail = unsafe { std::slice::from_raw_parts(start, block as usize + size - start as usize) };
             assert!(tail.iter().all(|&b| b == 0), "{size}: a run's bytes survived the restore");
         }

@@ -127,6 +127,9 @@ impl Engine {
                 .map_err(|e| RunError::internal(format!("hardening script: {e}")))?;
             let raw = ctx.as_raw().as_ptr();
             let date: Value = ctx.eval("new Date(0)").map_err(|e| RunError::internal(e.to_string()))?;
+            // SAFETY: `raw` is the live compiler context this closure runs in. Each new value is
+            // ours and freed once (freeing `JS_EXCEPTION`, should one fail, does nothing);
+            // `JS_GetClassID` only reads the tag and class of a value, `date` one we still hold.
             let classes = unsafe {
                 let object = qjs::JS_NewObject(raw);
                 let array = qjs::JS_NewArray(raw);

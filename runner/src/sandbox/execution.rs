@@ -694,13 +694,19 @@ impl<'js> Driver<'_, 'js> {
     }
 
     fn run_jobs(&self) {
+        // SAFETY: `self.ctx` is a live context; this only reads its runtime pointer.
         let runtime = unsafe { qjs::JS_GetRuntime(self.ctx.as_raw().as_ptr()) };
         loop {
+            // SAFETY: `runtime` is the live runtime of `self.ctx`, whose lock `Context::with` holds.
             if self.env.guard.should_stop() || !unsafe { qjs::JS_IsJobPending(runtime) } {
                 return;
             }
             let mut job_ctx: *mut qjs::JSContext = std::ptr::null_mut();
+            // SAFETY: as above; `job_ctx` is a valid place for the engine to name the job's context.
             if unsafe { qjs::JS_ExecutePendingJob(runtime, &mut job_ctx) } < 0 && !job_ctx.is_null() {
+                // SAFETY: every job of this runtime comes from its one realm, so `job_ctx` is that
+                // realm's context, kept alive by `self.ctx`; the failed job left its exception
+                // pending there, and `JS_GetException` hands us that reference to free.
                 unsafe { qjs::JS_FreeValue(job_ctx, qjs::JS_GetException(job_ctx)) };
             }
         }
@@ -713,6 +719,8 @@ impl<'js> Driver<'_, 'js> {
         }
         match promise.state() {
             PromiseState::Rejected => {
+                // SAFETY: `promise` is a live promise of `self.ctx`; `JS_PromiseResult` returns a
+                // new reference to its result, which the `Value` takes over.
                 let thrown = unsafe {
                     Value::from_raw(
                         self.ctx.clone(),
@@ -963,6 +971,8 @@ impl<'js> Driver<'_, 'js> {
         if let Some(error) = self.env.guard.check() {
             return Err(error);
         }
+        // SAFETY: `promise` is a live promise of `self.ctx`; `JS_PromiseResult` returns a new
+        // reference to its result, which the `Value` takes over.
         let value = unsafe {
             Value::from_raw(self.ctx.clone(), qjs::JS_PromiseResult(self.ctx.as_raw().as_ptr(), promise.as_raw()))
         };
@@ -996,9 +1006,13 @@ impl<'js> Driver<'_, 'js> {
             return error;
         }
         if thrown.is_object() {
+            // SAFETY: `thrown` is an object, so its value holds the object's pointer; it is only
+            // compared, never dereferenced.
             let ptr: *mut c_void = unsafe { qjs::JS_VALUE_GET_PTR(thrown.as_raw()) };
             let bridge = self.env.bridge.borrow();
             if let Some(ours) =
+                // SAFETY: `e.object` is a live error object made by `js::new_error`; its pointer is
+                // only compared.
                 bridge.our_errors.iter().find(|e| unsafe { qjs::JS_VALUE_GET_PTR(e.object.as_raw()) } == ptr)
             {
                 return RunError::new(ours.code, ours.message.clone());

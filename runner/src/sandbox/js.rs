@@ -33,6 +33,10 @@ pub(crate) fn compile(ctx: &Ctx<'_>, text: &str, file: &str, line_offset: u32) -
     };
     let file = CString::new(file).expect("file names have no NUL");
     let flags = (qjs::JS_EVAL_TYPE_GLOBAL | qjs::JS_EVAL_FLAG_COMPILE_ONLY) as i32;
+    // SAFETY: `raw` is the live context of `ctx`; `input` (NUL-terminated, `text.len()` bytes
+    // before the NUL) and `file` outlive the calls. The compiled value and a pending exception are
+    // ours: the first is freed once, the second taken over by a `Value`. `JS_WriteObject` returns
+    // `size` bytes allocated in this context, copied out and then freed with `js_free`.
     unsafe {
         let compiled = qjs::JS_Eval(raw, input.as_ptr(), text.len() as _, file.as_ptr(), flags);
         if qjs::JS_IsException(compiled) {
@@ -118,6 +122,9 @@ pub(crate) fn compile_script(ctx: &Ctx<'_>, source: &str) -> Result<Bytecode, St
 pub(crate) fn load<'js>(ctx: &Ctx<'js>, bytecode: &Bytecode) -> Result<Value<'js>, Value<'js>> {
     let raw = ctx.as_raw().as_ptr();
     let bytecode = &bytecode.0;
+    // SAFETY: `raw` is the live context of `ctx`. The loader trusts its input, and a `Bytecode` is
+    // only ever made by `compile` from this process's own compiler. `JS_EvalFunction` takes over
+    // the function object; every result or pending exception is ours and taken over by a `Value`.
     unsafe {
         let object = qjs::JS_ReadObject(raw, bytecode.as_ptr(), bytecode.len() as _, qjs::JS_READ_OBJ_BYTECODE as i32);
         if qjs::JS_IsException(object) {
@@ -136,6 +143,9 @@ pub(crate) fn define<'js>(ctx: &Ctx<'js>, object: &Value<'js>, key: &str, value:
     let raw = ctx.as_raw().as_ptr();
     let key = CString::new(key).expect("keys are literals");
     let flags = (qjs::JS_PROP_CONFIGURABLE | qjs::JS_PROP_WRITABLE | qjs::JS_PROP_ENUMERABLE) as i32;
+    // SAFETY: `raw` is the live context of `ctx`, `object` and `value` live values of it, and `key`
+    // NUL-terminated. The duplicated reference is the one `JS_DefinePropertyValueStr` consumes
+    // (it frees it on failure too); `value` keeps its own.
     unsafe {
         let value = qjs::JS_DupValue(raw, value.as_raw());
         qjs::JS_DefinePropertyValueStr(raw, object.as_raw(), key.as_ptr(), value, flags) >= 0
@@ -152,10 +162,13 @@ pub(crate) fn new_error<'js>(
     details: Option<Value<'js>>,
 ) -> Option<Value<'js>> {
     let raw = ctx.as_raw().as_ptr();
+    // SAFETY: `raw` is the live context of `ctx`.
     let error = unsafe { qjs::JS_NewError(raw) };
+    // SAFETY: only reads the value's tag.
     if unsafe { qjs::JS_IsException(error) } {
         return None;
     }
+    // SAFETY: `error` is a new object of this context that we own; the `Value` takes it over.
     let error = unsafe { Value::from_raw(ctx.clone(), error) };
     let ok = define(ctx, &error, "message", rquickjs::String::from_str(ctx.clone(), message).ok()?.into_value())
         && define(ctx, &error, "name", rquickjs::String::from_str(ctx.clone(), name).ok()?.into_value())
@@ -172,15 +185,21 @@ pub(crate) fn parse_json<'js>(ctx: &Ctx<'js>, text: &str) -> Option<Value<'js>> 
     // a string literal without a backslash has no escapes, so it is its own contents.
     if let Some(inner) = text.strip_prefix('"').and_then(|t| t.strip_suffix('"')) {
         if memchr::memchr(b'\\', inner.as_bytes()).is_none() {
+            // SAFETY: `raw` is the live context of `ctx`; `inner` is `inner.len()` bytes of UTF-8.
             let value = unsafe { qjs::JS_NewStringLen(raw, inner.as_ptr().cast(), inner.len() as _) };
+            // SAFETY: only reads the value's tag.
             if unsafe { qjs::JS_IsException(value) } {
                 let _ = ctx.catch();
                 return None;
             }
+            // SAFETY: `value` is a new string of this context that we own; the `Value` takes it over.
             return Some(unsafe { Value::from_raw(ctx.clone(), value) });
         }
     }
     let input = CString::new(text).ok()?;
+    // SAFETY: `raw` is the live context of `ctx`; `input` is NUL-terminated after `text.len()`
+    // bytes, as the parser needs, and outlives the call. A parsed value is new and ours, taken
+    // over by the `Value`.
     unsafe {
         let value = qjs::JS_ParseJSON(raw, input.as_ptr(), text.len() as _, c"<host>".as_ptr());
         if qjs::JS_IsException(value) {
@@ -194,6 +213,10 @@ pub(crate) fn parse_json<'js>(ctx: &Ctx<'js>, text: &str) -> Option<Value<'js>> 
 /// Throws `error` so that no `catch` or `finally` of the script sees it.
 pub(crate) fn throw_uncatchable<'js>(ctx: &Ctx<'js>, message: &str) -> rquickjs::Error {
     let raw = ctx.as_raw().as_ptr();
+    // SAFETY: `raw` is the live context of `ctx`, and `error` a new object we own. The message
+    // string (of `message.len()` bytes, `text` holding the same bytes) is consumed by
+    // `JS_DefinePropertyValueStr`; `JS_SetUncatchableError` only marks `error`, and `JS_Throw`
+    // takes over our reference to it.
     unsafe {
         let error = qjs::JS_NewError(raw);
         if !qjs::JS_IsException(error) {
@@ -217,10 +240,14 @@ pub(crate) fn throw_uncatchable<'js>(ctx: &Ctx<'js>, message: &str) -> rquickjs:
 /// Reads an own data property (never a getter, never through a proxy).
 pub(crate) fn own_data<'js>(ctx: &Ctx<'js>, object: &Value<'js>, key: &str) -> Option<Value<'js>> {
     let raw = ctx.as_raw().as_ptr();
+    // SAFETY: `object` is a live value; this only reads its tag and class.
     if !object.is_object() || unsafe { qjs::JS_IsProxy(object.as_raw()) } {
         return None;
     }
     let key = CString::new(key).ok()?;
+    // SAFETY: `raw` is the live context of `ctx`, `object` a live object of it (not a proxy, so no
+    // trap runs) and `key` NUL-terminated. We own the atom, freed once, and on success the three
+    // references `desc` holds: getter and setter are freed, the value taken over by a `Value`.
     unsafe {
         let atom = qjs::JS_NewAtom(raw, key.as_ptr());
         let mut desc = qjs::JSPropertyDescriptor {
@@ -253,14 +280,19 @@ fn inherited_data<'js>(ctx: &Ctx<'js>, object: &Value<'js>, key: &str) -> Option
         if let Some(v) = own_data(ctx, &current, key) {
             return Some(v);
         }
+        // SAFETY: `current` is a live value; this only reads its tag and class.
         if !current.is_object() || unsafe { qjs::JS_IsProxy(current.as_raw()) } {
             return None;
         }
+        // SAFETY: `raw` is the live context of `ctx`, `current` a live object of it, not a proxy
+        // (so no trap runs).
         let proto = unsafe { qjs::JS_GetPrototype(raw, current.as_raw()) };
+        // SAFETY: only reads the value's tag.
         if unsafe { qjs::JS_IsException(proto) } {
             let _ = ctx.catch();
             return None;
         }
+        // SAFETY: `JS_GetPrototype` returns a new reference, which the `Value` takes over.
         current = unsafe { Value::from_raw(ctx.clone(), proto) };
         if !current.is_object() {
             return None;
@@ -280,6 +312,7 @@ pub(crate) fn describe_error<'js>(
 ) -> String {
     let raw = ctx.as_raw().as_ptr();
     let text = |v: &Value<'js>| v.is_string().then(|| js_string(raw, v.as_raw())).flatten();
+    // SAFETY: `thrown` is a live value; this only reads its tag and class.
     if thrown.is_object() && unsafe { qjs::JS_IsError(thrown.as_raw()) } {
         let name = inherited_data(ctx, thrown, "name").and_then(|v| text(&v)).unwrap_or_else(|| "Error".into());
         let message = own_data(ctx, thrown, "message").and_then(|v| text(&v)).unwrap_or_default();

@@ -196,6 +196,8 @@ impl<'a, 'js> Serializer<'a, 'js> {
         } else if value.is_string() {
             // Every UTF-16 unit takes at least one byte: refuse before copying.
             let mut units: i64 = 0;
+            // SAFETY: `self.raw` is the context of `self.ctx`, which outlives the serializer, and
+            // `value` a live string of it; a string's `length` is read without running code.
             if unsafe { qjs::JS_GetLength(self.raw, value.as_raw(), &mut units) } == 0
                 && self.out.len() as i64 + units > self.limit as i64
             {
@@ -209,8 +211,10 @@ impl<'a, 'js> Serializer<'a, 'js> {
             write_json_string(&mut self.out, &text);
         } else if value.is_object() {
             self.object(value)?;
+        // SAFETY: only reads the tag of a live value.
         } else if unsafe { qjs::JS_IsBigInt(value.as_raw()) } {
             self.unsupported("a BigInt")?;
+        // SAFETY: only reads the tag of a live value.
         } else if unsafe { qjs::JS_IsSymbol(value.as_raw()) } {
             self.unsupported("a symbol")?;
         } else {
@@ -238,13 +242,17 @@ impl<'a, 'js> Serializer<'a, 'js> {
 
     fn object(&mut self, value: &Value<'js>) -> Result<(), SerializeError> {
         let raw = value.as_raw();
+        // SAFETY: `raw` is a live object; this only reads its class.
         let class = unsafe { qjs::JS_GetClassID(raw) };
         if class == self.classes.date {
             return self.date(value);
         }
         if class != self.classes.object && class != self.classes.array {
+            // SAFETY: `self.raw` is the context of `self.ctx` and `raw` a live object of it; both
+            // calls only inspect the object, running no code.
             let what = if unsafe { qjs::JS_IsFunction(self.raw, raw) } {
                 "a function"
+            // SAFETY: as above.
             } else if unsafe { qjs::JS_IsProxy(raw) } {
                 "a Proxy"
             } else if class == self.classes.error {
@@ -254,6 +262,7 @@ impl<'a, 'js> Serializer<'a, 'js> {
             };
             return self.unsupported(what);
         }
+        // SAFETY: `raw` is an object, so its value holds the object's pointer; it is only compared.
         let ptr = unsafe { qjs::JS_VALUE_GET_PTR(raw) };
         if self.ancestors.contains(&ptr) {
             return self.unsupported("a cycle");
@@ -281,8 +290,10 @@ impl<'a, 'js> Serializer<'a, 'js> {
     }
 
     fn array(&mut self, raw: qjs::JSValue) -> Result<(), SerializeError> {
+        // SAFETY: `self.raw` is the context of `self.ctx`, which outlives the serializer.
         let atom = unsafe { length_atom(self.raw) };
         let slot = self.own_property(raw, atom);
+        // SAFETY: frees the reference `length_atom` returned, once, after its last use.
         unsafe { qjs::JS_FreeAtom(self.raw, atom) };
         let length = match slot? {
             Slot::Data(v) => v.as_int().map(f64::from).or_else(|| v.as_float()),
@@ -299,8 +310,10 @@ impl<'a, 'js> Serializer<'a, 'js> {
             if index > 0 {
                 self.out.push(',');
             }
+            // SAFETY: `self.raw` is the context of `self.ctx`, which outlives the serializer.
             let atom = unsafe { qjs::JS_NewAtomUInt32(self.raw, index) };
             let slot = self.own_property(raw, atom);
+            // SAFETY: frees the atom just made, once, after its last use.
             unsafe { qjs::JS_FreeAtom(self.raw, atom) };
             self.path.push(Segment::Index(index));
             match slot? {
@@ -320,12 +333,18 @@ impl<'a, 'js> Serializer<'a, 'js> {
         let mut tab: *mut qjs::JSPropertyEnum = std::ptr::null_mut();
         let mut len: u32 = 0;
         let flags = (qjs::JS_GPN_STRING_MASK | qjs::JS_GPN_ENUM_ONLY) as i32;
+        // SAFETY: `self.raw` is the context of `self.ctx` and `raw` a live plain object of it (its
+        // class was checked, so no proxy trap runs); `tab` and `len` are valid places to write.
         if unsafe { qjs::JS_GetOwnPropertyNames(self.raw, &mut tab, &mut len, raw, flags) } < 0 {
             let _ = self.ctx.catch();
             return Err(SerializeError::Engine);
         }
+        // SAFETY: on success `tab` points to `len` entries, and `i < len`.
         let atoms: Vec<qjs::JSAtom> = (0..len as usize).map(|i| unsafe { (*tab.add(i)).atom }).collect();
+        // The atoms stay valid while `tab` holds them, until it is freed below.
         let result = self.object_members(raw, &atoms);
+        // SAFETY: `tab` and `len` are what `JS_GetOwnPropertyNames` returned; freed once, after the
+        // last use of its atoms.
         unsafe { qjs::JS_FreePropertyEnum(self.raw, tab, len) };
         result
     }
@@ -365,6 +384,9 @@ impl<'a, 'js> Serializer<'a, 'js> {
             getter: qjs::JS_UNDEFINED,
             setter: qjs::JS_UNDEFINED,
         };
+        // SAFETY: `self.raw` is the context of `self.ctx`, `obj` a live plain object or array of it
+        // (no proxy trap can run) and `atom` an atom the caller holds; `desc` is a valid place to
+        // write.
         let found = unsafe { qjs::JS_GetOwnProperty(self.raw, &mut desc, obj, atom) };
         if found < 0 {
             let _ = self.ctx.catch();
@@ -373,7 +395,10 @@ impl<'a, 'js> Serializer<'a, 'js> {
         if found == 0 {
             return Ok(Slot::Missing);
         }
+        // SAFETY: a found property fills `desc` with three new references we own; the `Value`
+        // takes over the value's.
         let value = unsafe { Value::from_raw(self.ctx.clone(), desc.value) };
+        // SAFETY: frees the getter's and the setter's references, once each.
         unsafe {
             qjs::JS_FreeValue(self.raw, desc.getter);
             qjs::JS_FreeValue(self.raw, desc.setter);
@@ -391,14 +416,21 @@ enum Slot<'js> {
     Data(Value<'js>),
 }
 
+/// The `length` atom, to be freed with `JS_FreeAtom`.
+///
+/// # Safety
+/// `ctx` is a live context, used from the thread that holds its runtime's lock.
 unsafe fn length_atom(ctx: *mut qjs::JSContext) -> qjs::JSAtom {
     // JS_ATOM_length is predefined, so this lookup never allocates a new atom.
+    // SAFETY: `ctx` is live (the caller's contract); the name is 6 readable bytes.
     unsafe { qjs::JS_NewAtomLen(ctx, c"length".as_ptr(), 6) }
 }
 
 /// Converts a JS string to UTF-8; lone surrogates become U+FFFD.
 pub(crate) fn js_string(ctx: *mut qjs::JSContext, value: qjs::JSValue) -> Option<String> {
     let mut len: qjs::size_t = 0;
+    // SAFETY: relies on every caller passing a live context and a live string value of it (this
+    // safe function cannot check that); `len` is a valid place to write.
     let ptr = unsafe { qjs::JS_ToCStringLen2(ctx, &mut len, value, false) };
     if ptr.is_null() {
         return None;
@@ -408,6 +440,8 @@ pub(crate) fn js_string(ctx: *mut qjs::JSContext, value: qjs::JSValue) -> Option
 
 fn atom_string(ctx: *mut qjs::JSContext, atom: qjs::JSAtom) -> Option<String> {
     let mut len: qjs::size_t = 0;
+    // SAFETY: relies on the caller passing a live context and an atom it holds (not checked
+    // here); `len` is a valid place to write.
     let ptr = unsafe { qjs::JS_AtomToCStringLen(ctx, &mut len, atom) };
     if ptr.is_null() {
         return None;
@@ -417,8 +451,11 @@ fn atom_string(ctx: *mut qjs::JSContext, atom: qjs::JSAtom) -> Option<String> {
 
 /// Copies an engine-owned C string (lone surrogates as U+FFFD) and frees it.
 fn take_c_string(ctx: *mut qjs::JSContext, ptr: *const std::ffi::c_char, len: qjs::size_t) -> String {
+    // SAFETY: relies on the callers (`js_string`, `atom_string`) passing a non-null string the
+    // engine just made in `ctx`, `len` bytes long; it stays valid until freed below.
     let bytes = unsafe { std::slice::from_raw_parts(ptr as *const u8, len as usize) };
     let text = utf8_replacing_surrogates(bytes);
+    // SAFETY: frees that string once; `bytes` is not used after this.
     unsafe { qjs::JS_FreeCString(ctx, ptr) };
     text
 }

@@ -34,7 +34,8 @@ impl StackGuard {
         let high = limit + BAND_ABOVE;
         let mut addr = low;
         while addr < high {
-            // The band lies below this frame, in memory no live frame uses.
+            // SAFETY: `addr` is 8-aligned and inside the band, which the caller guarantees lies in
+            // this thread's mapped stack, below this frame, in memory no live frame uses.
             unsafe { std::ptr::write_volatile(addr as *mut u64, PATTERN) };
             addr += STRIDE;
         }
@@ -45,6 +46,10 @@ impl StackGuard {
     pub(crate) fn tripped(&self) -> bool {
         let mut addr = self.low;
         while addr < self.high {
+            // SAFETY: the caller of `paint` (the only way to make a guard) ensured the band lies in
+            // this thread's mapped stack, and the guard stays on that thread (its `RunGuard` is an
+            // `Rc`); `addr` is 8-aligned and inside the band. A deeper frame may own those bytes by
+            // now, which is what this check looks for.
             if unsafe { std::ptr::read_volatile(addr as *const u64) } != PATTERN {
                 return true;
             }
