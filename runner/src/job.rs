@@ -39,7 +39,8 @@ pub(crate) struct Job {
     pub run: PreparedRun,
     /// Where settled host calls and an abort arrive.
     pub inbox: Box<dyn Inbox + Send>,
-    /// Set when the caller gives up; the engine checks it between jobs and in its interrupt handler.
+    /// Set when the caller gives up (in a worker process, by the abort signal); the engine checks
+    /// it between jobs and in its interrupt handler.
     pub abort: Arc<AtomicBool>,
     /// How host calls (and the consumption of a stored continuation) leave the worker.
     pub link: Option<HostLink>,
@@ -70,8 +71,8 @@ pub(crate) struct Replay {
     pub start_clock: f64,
     /// The recorded calls (none yet when `streamed`).
     pub ledger: Vec<LedgerEntry>,
-    /// A continuation that the worker receives while it is authenticated and decoded
-    /// (never sent to a worker process, which gets the whole ledger).
+    /// A continuation that the worker receives while it is authenticated and decoded (a worker
+    /// process parses it itself, as it arrives through the pipe).
     #[serde(skip)]
     pub streamed: Option<Streamed>,
     /// Decisions for interrupted calls, by 1-based call index.

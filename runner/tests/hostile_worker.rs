@@ -10,7 +10,7 @@
 //! Without `--hostile` it runs the scenarios and ends with an `N passed, N failed` line.
 
 use std::io::{Read, Write};
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -133,6 +133,14 @@ fn fake_worker(mode: &str, arg: Option<&str>) {
     let mut input = std::io::stdin().lock();
     let mut out = std::io::stdout().lock();
     while let Some(run) = read_frame(&mut input) {
+        // Sends much more than a pipe holds before it reads the ledger, as an honest worker may
+        // (events while it replays), while the parent writes a ledger larger than a pipe holds.
+        if mode == "writes-first" {
+            let event = json!({ "Event": { "type": "call_started", "index": 1, "name": "x".repeat(1000) } });
+            for _ in 0..3000 {
+                write_frame(&mut out, &event);
+            }
+        }
         let ledger = parse_ledger(&read_bytes(&mut input).expect("the ledger after the run"));
         let next_live = || ledger.len() as u64 + 1;
         match mode {
@@ -221,10 +229,35 @@ fn fake_worker(mode: &str, arg: Option<&str>) {
             }
             // Waits on a slow call until it is told to abort, then asks for a refund all the same.
             "calls-after-abort" => {
+                static ABORTED: AtomicBool = AtomicBool::new(false);
+                extern "C" fn on_abort(_: libc::c_int) {
+                    ABORTED.store(true, Ordering::SeqCst);
+                }
+                // SAFETY: a handler that only stores to a static atomic.
+                unsafe { libc::signal(libc::SIGUSR1, on_abort as extern "C" fn(libc::c_int) as libc::sighandler_t) };
                 write_frame(&mut out, &call(next_live(), "tools.slow", "[]", false));
-                while read_frame(&mut input).is_some_and(|frame| frame != json!("Abort")) {}
+                while !ABORTED.load(Ordering::SeqCst) {
+                    std::thread::sleep(Duration::from_millis(5));
+                }
                 write_frame(&mut out, &call(next_live() + 1, "tools.refund", r#"["A-1002",1500]"#, false));
                 std::thread::sleep(Duration::from_secs(30));
+            }
+            // Events without end, as fast as it can write them.
+            "endless-events" => {
+                let event = json!({ "Event": { "type": "call_started", "index": 1, "name": "x".repeat(1000) } });
+                let body = event.to_string();
+                let mut batch = Vec::new();
+                for _ in 0..256 {
+                    batch.extend_from_slice(&(body.len() as u32).to_le_bytes());
+                    batch.extend_from_slice(body.as_bytes());
+                }
+                while out.write_all(&batch).is_ok() {}
+            }
+            "writes-first" => {
+                let (index, function, arguments) = decided_entry(&run, &ledger).expect("a decided call");
+                write_frame(&mut out, &call(index, &function, &arguments, true));
+                let _ = read_frame(&mut input);
+                write_frame(&mut out, &done_completed(json!(ledger.len())));
             }
             // Asks for a large result and completes with it, whatever the output limit says.
             "ignores-output-limit" => {
@@ -460,6 +493,32 @@ async fn no_host_function_starts_once_the_run_is_cancelled() {
     let ended = run.await.unwrap();
     assert_code(&ended, ErrorCode::Aborted);
     assert_eq!(effects.refund_calls(), 0, "nothing started after the cancel");
+}
+
+async fn neither_side_holds_the_other_by_filling_a_pipe() {
+    let effects = Effects::default();
+    let source =
+        "const a = await tools.big(); const b = await tools.big(); return [a.length + b.length, await tools.ask()]";
+    let big = limits(&[(Limit::Result, 8 << 20), (Limit::Continuation, 64 << 20), (Limit::Timeout, 20_000)]);
+    let first = real().run(RunRequest::new(source).host(effects.host()).limits(big)).await.unwrap();
+    let Outcome::Interrupted(paused) = first else { panic!("{first:?}") };
+    let resume = RunRequest::new(source)
+        .host(effects.host())
+        .limits(big)
+        .resume(paused.continuation, [Resolution::new(&paused.interruptions[0].id, json!("yes"))]);
+    let started = Instant::now();
+    let done = hostile("writes-first", None).run(resume).await;
+    let Ok(Outcome::Completed(done)) = done else { panic!("{done:?}") };
+    assert_eq!(done.value, json!(3), "the worker read the whole ledger");
+    assert!(started.elapsed() < Duration::from_secs(10), "no wait for the deadline: {:?}", started.elapsed());
+}
+
+async fn a_worker_that_never_stops_sending_ends_at_the_deadline() {
+    let started = Instant::now();
+    let flooded =
+        hostile("endless-events", None).run(RunRequest::new("return 1").limits(limits(&[(Limit::Timeout, 500)]))).await;
+    assert_code(&flooded, ErrorCode::Timeout);
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
 }
 
 async fn outputs_over_the_limit_are_refused_by_the_parent() {
@@ -760,7 +819,7 @@ fn main() {
     }
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
     type Scenario = fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = ()>>>;
-    let scenarios: [(&str, Scenario); 14] = [
+    let scenarios: [(&str, Scenario); 16] = [
         ("a_store_that_hangs_on_consume_cannot_hold_the_run_past_its_deadline", || {
             Box::pin(a_store_that_hangs_on_consume_cannot_hold_the_run_past_its_deadline())
         }),
@@ -786,6 +845,12 @@ fn main() {
         ("frames_are_capped_by_the_runs_limits", || Box::pin(frames_are_capped_by_the_runs_limits())),
         ("no_host_function_starts_once_the_run_is_cancelled", || {
             Box::pin(no_host_function_starts_once_the_run_is_cancelled())
+        }),
+        ("neither_side_holds_the_other_by_filling_a_pipe", || {
+            Box::pin(neither_side_holds_the_other_by_filling_a_pipe())
+        }),
+        ("a_worker_that_never_stops_sending_ends_at_the_deadline", || {
+            Box::pin(a_worker_that_never_stops_sending_ends_at_the_deadline())
         }),
         ("outputs_over_the_limit_are_refused_by_the_parent", || {
             Box::pin(outputs_over_the_limit_are_refused_by_the_parent())

@@ -16,7 +16,6 @@ use crate::sandbox::Engine;
 use std::fs::File;
 use std::io::BufWriter;
 use std::os::fd::FromRawFd;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 /// The argument that makes the `resumable` CLI (or any program following the
@@ -26,6 +25,7 @@ pub const WORKER_ARGUMENT: &str = "__worker";
 /// Serves runs on stdin/stdout until stdin closes, then exits the process at once, even in the
 /// middle of a run. Call it from `main` of a worker program; it never returns.
 pub fn serve_worker() -> ! {
+    super::input::block_abort_signal();
     let served = std::thread::Builder::new()
         .name("resumable-worker".into())
         .stack_size(4 * MAX_STACK_BYTES + 1024 * 1024)
@@ -45,7 +45,8 @@ fn serve() {
     // SAFETY: descriptors 0 and 1 are the pipes from and to the runner, open for the life of
     // the process; nothing else in this process reads 0 or writes 1 (panics and the log go to 2).
     let (input, output) = unsafe { (File::from_raw_fd(0), File::from_raw_fd(1)) };
-    let input = Arc::new(Mutex::new(Input::new(input)));
+    let abort = super::input::take_abort_signal();
+    let input = Arc::new(Mutex::new(Input::new(input, abort.clone())));
     let output: Output = Arc::new(Mutex::new(BufWriter::with_capacity(64 * 1024, output)));
 
     let mut engine = Engine::new();
@@ -61,9 +62,11 @@ fn serve() {
         let frame = input.lock().unwrap_or_else(|p| p.into_inner()).frame();
         let spec = match frame {
             ToChild::Run(spec) => spec,
-            // What the runner sent for a run that has ended (an abort after its answer).
-            ToChild::Settled { .. } | ToChild::Abort => continue,
+            // What the runner sent for a run that has ended.
+            ToChild::Settled { .. } => continue,
         };
+        // An abort signal that came after the last run's answer was for that run.
+        abort.store(false, std::sync::atomic::Ordering::SeqCst);
         let JobSpec { mut run, events, spin } = *spec;
         input.lock().unwrap_or_else(|p| p.into_inner()).spin = spin;
         // The prior ledger follows, and is parsed while the script replays it.
@@ -75,9 +78,8 @@ fn serve() {
         let events = events.then(|| Box::new(PipeEvents { output: output.clone() }) as Box<dyn EventSink>);
         let mut job = Job {
             run,
-            inbox: Box::new(PipeInbox(input.clone())),
-            // The runner aborts a run by a frame, which the inbox reads.
-            abort: Arc::new(AtomicBool::new(false)),
+            inbox: Box::new(PipeInbox { input: input.clone(), state: state.clone() }),
+            abort: abort.clone(),
             link: Some(link),
             events,
             lookup: None,

@@ -20,14 +20,6 @@ pub(crate) fn write_frame<W: Write, T: Serialize>(out: &mut W, message: &T) -> i
 
 /// Reads one frame; `Ok(None)` at a clean end of stream.
 pub(crate) fn read_frame<R: Read, T: DeserializeOwned>(input: &mut R) -> io::Result<Option<T>> {
-    match read_bytes(input)? {
-        Some(body) => serde_json::from_slice(&body).map(Some).map_err(io::Error::other),
-        None => Ok(None),
-    }
-}
-
-/// Reads one frame's bytes, whatever they hold; `Ok(None)` at a clean end of stream.
-pub(crate) fn read_bytes<R: Read>(input: &mut R) -> io::Result<Option<Vec<u8>>> {
     let mut length = [0u8; 4];
     match input.read_exact(&mut length) {
         Ok(()) => {}
@@ -40,7 +32,7 @@ pub(crate) fn read_bytes<R: Read>(input: &mut R) -> io::Result<Option<Vec<u8>>> 
     }
     let mut body = vec![0u8; length];
     input.read_exact(&mut body)?;
-    Ok(Some(body))
+    serde_json::from_slice(&body).map(Some).map_err(io::Error::other)
 }
 
 /// Encodes one frame for an async writer.

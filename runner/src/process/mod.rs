@@ -31,6 +31,9 @@ use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// The signal that tells a worker to abort its run.
+const ABORT_SIGNAL: libc::c_int = libc::SIGUSR1;
+
 /// How worker processes are started and confined.
 #[derive(Debug, Clone)]
 pub struct ProcessConfig {

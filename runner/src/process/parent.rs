@@ -1,5 +1,6 @@
 //! The runner side: a pool of worker processes, killed at deadlines.
 
+use super::ABORT_SIGNAL;
 use super::ProcessConfig;
 use super::confine::{self, Confinement, UNCONFINED_EXIT};
 use super::pipes::Pipes;
@@ -106,12 +107,11 @@ impl ProcessPool {
     /// a streamed continuation, as this side decoded it.
     pub(crate) async fn run(&self, job: ProcessJob) -> (Result<RawOutcome, RunError>, Option<StateHead>) {
         let ProcessJob { run, rest, key, host, claim, cancel, events } = job;
-        let worker = match self.worker(&key).await {
+        let mut worker = match self.worker(&key).await {
             Ok(worker) => worker,
             // A forged state is refused as such.
             Err(error) => return (Err(rest.and_then(|rest| rest.authenticate().err()).unwrap_or(error)), None),
         };
-        let mut worker = worker;
         let deadline = Instant::now() + run.limits.timeout() + self.config.grace;
         let busy = self.cores.busy();
         let host_cancel = CancelSignal::new();
@@ -269,6 +269,18 @@ impl ProcessPool {
         let pipes = Pipes::new(stdin, stdout)
             .map_err(|e| RunError::internal(format!("cannot use a worker's pipes: {e}")).retryable(true))?;
         Ok(Worker { child, pipes, confinement_read: false, started: std::time::Instant::now() })
+    }
+}
+
+impl Worker {
+    /// Tells the worker to abort its run: a signal, which stops a script that only computes as
+    /// well as one that waits (the worker's handler sets the run's abort flag).
+    pub(super) fn abort(&self) {
+        if let Some(pid) = self.child.id() {
+            // SAFETY: kill with a plain signal number; the child is not reaped yet, so `pid` is
+            // still this worker's.
+            unsafe { libc::kill(pid as libc::pid_t, ABORT_SIGNAL) };
+        }
     }
 }
 

@@ -22,16 +22,13 @@ pub(crate) struct JobSpec {
 /// Parent to child.
 #[derive(Serialize, Deserialize)]
 pub(crate) enum ToChild {
-    /// A run to execute. Its prior ledger is left out of the JSON: the next frame holds it, as a
-    /// continuation state's encoding (whose head the child ignores).
+    /// A run to execute. Its prior ledger is left out of the JSON: what follows is the length of
+    /// a continuation state, then that state in its encoding (whose head gives the run id, seed
+    /// and clock), possibly still being decoded by the parent.
     Run(Box<JobSpec>),
     /// How a host call ended, and the logical time of the settle (the parent keeps the clock).
-    Settled {
-        index: u32,
-        outcome: CallOutcomeFrame,
-        clock: f64,
-    },
-    Abort,
+    /// An abort is a signal, not a frame (see `Worker::abort`).
+    Settled { index: u32, outcome: CallOutcomeFrame, clock: f64 },
 }
 
 /// Child to parent.

@@ -161,26 +161,45 @@ fn aborted() -> Ending {
 
 /// Writes `message` unless `stop_at` passes, or `cancel` fires, first.
 async fn write(
-    worker: &Worker,
+    worker: &mut Worker,
     message: &ToChild,
+    read_cap: usize,
     stop_at: Instant,
     cancel: Option<&CancelSignal>,
 ) -> Result<(), Ending> {
     let frame = encode_frame(message).map_err(|e| lost(&format!("could not be sent a frame: {e}")))?;
-    write_bytes(worker, &[&frame], false, stop_at, cancel).await
+    write_bytes(worker, &[&frame], Writing { spin: false, read_cap }, stop_at, cancel).await
+}
+
+/// How to write to a worker: whether to poll for room in the pipe before waiting, and how much
+/// of what the worker sends meanwhile may be read ahead (see [`Pipes::write_all`]).
+///
+/// [`Pipes::write_all`]: super::pipes::Pipes::write_all
+#[derive(Clone, Copy)]
+struct Writing {
+    spin: bool,
+    read_cap: usize,
+}
+
+impl Writing {
+    /// For a run with `limits`: what an honest worker may send while this side writes is at
+    /// most one frame and the run's events.
+    fn of(limits: &Limits, spin: bool) -> Writing {
+        Writing { spin, read_cap: frame_limit(limits).saturating_add(event_budget(limits)) }
+    }
 }
 
 /// Writes `parts`, one after the other, unless `stop_at` passes, or `cancel` fires, first: a
 /// worker that stops reading cannot hold the parent. What fits the pipe is written at once, with
-/// no timer; with `spin`, it polls for room in the pipe before it waits.
+/// no timer.
 async fn write_bytes(
-    worker: &Worker,
+    worker: &mut Worker,
     parts: &[&[u8]],
-    spin: bool,
+    how: Writing,
     stop_at: Instant,
     cancel: Option<&CancelSignal>,
 ) -> Result<(), Ending> {
-    let written = worker.pipes.write_all(parts, spin);
+    let written = worker.pipes.write_all(parts, how.spin, how.read_cap);
     let cancelled = async {
         match cancel {
             Some(cancel) => cancel.cancelled().await,
@@ -191,7 +210,7 @@ async fn write_bytes(
         biased;
         result = tokio::time::timeout_at(stop_at, written) => match result {
             Ok(Ok(())) => Ok(()),
-            Ok(Err(_)) => Err(lost("stopped reading")),
+            Ok(Err(why)) => Err(violation(why)),
             Err(_) => Err(timed_out()),
         },
         _ = cancelled => Err(aborted()),
@@ -268,19 +287,27 @@ impl Session {
         let mut tasks: Vec<tokio::task::JoinHandle<()>> = Vec::new();
         let mut waiting = 0usize;
         let mut abort_deadline: Option<Instant> = None;
+        let writing = Writing::of(&spec.run.limits, false);
         let ending = loop {
             let stop_at = abort_deadline.map_or(deadline, |a| a.min(deadline));
+            // Checked at every frame, so a worker that keeps the pipe full cannot keep the run
+            // past its time: its frames would always be ready first.
+            if Instant::now() >= stop_at {
+                break if abort_deadline.is_some() { aborted() } else { timed_out() };
+            }
             // Once the worker was told to abort, a settle may still reach it within the grace.
             let watch = abort_deadline.is_none().then_some(cancel);
             // Polling is for answers that come at once, not while a host call waits on the runtime.
             let spin_now = waiting == 0 && cores.spare();
             let event = tokio::select! {
                 biased;
+                _ = cancel.cancelled(), if abort_deadline.is_none() => Event::Cancelled,
                 frame = worker.pipes.frame(frame_limit, spin_now) => Event::Frame(frame),
                 Some((index, result)) = settled.recv() => Event::Settled(index, result),
-                _ = cancel.cancelled(), if abort_deadline.is_none() => Event::Cancelled,
                 _ = tokio::time::sleep_until(stop_at) => Event::Deadline,
             };
+            // Frames that are always ready would otherwise keep this task on its thread.
+            tokio::task::consume_budget().await;
             let call = match event {
                 Event::Frame(Ok(Some(ToParent::Call { index, function, arguments, resumed }))) => {
                     (index, function, arguments, resumed)
@@ -292,26 +319,27 @@ impl Session {
                     self.forward(&mut run, event);
                     continue;
                 }
+                // A worker told to abort may end at once.
+                Event::Frame(Ok(None)) if abort_deadline.is_some() => break aborted(),
                 Event::Frame(Ok(None)) => break lost("exited unexpectedly (crashed or was killed)"),
                 Event::Frame(Err(why)) => break violation(why),
                 Event::Settled(index, result) => {
                     waiting -= 1;
-                    if let Err(ending) = settle(worker, &mut run, index, result, stop_at, watch).await {
+                    if let Err(ending) = settle(worker, &mut run, index, result, writing, stop_at, watch).await {
                         break ending;
                     }
                     continue;
                 }
                 Event::Cancelled => {
-                    let grace_ends = (Instant::now() + grace).min(stop_at);
-                    let _ = write(worker, &ToChild::Abort, grace_ends, None).await;
-                    abort_deadline = Some(grace_ends);
+                    worker.abort();
+                    abort_deadline = Some((Instant::now() + grace).min(stop_at));
                     continue;
                 }
                 Event::Deadline => break if abort_deadline.is_some() { aborted() } else { timed_out() },
             };
             let (index, function, arguments, resumed) = call;
             // Once the caller gave up, no host function starts: only settles reach the worker.
-            if abort_deadline.is_some() {
+            if abort_deadline.is_some() || cancel.is_cancelled() {
                 break aborted();
             }
             let (resume, parsed) = match run.admit(index, &function, &arguments, resumed) {
@@ -329,7 +357,7 @@ impl Session {
             run.served.insert(index, Served { function, arguments, outcome: None, clock: 0.0, live: !resumed });
             match begun {
                 Begun::Finished(result) => {
-                    if let Err(ending) = settle(worker, &mut run, index, result, stop_at, watch).await {
+                    if let Err(ending) = settle(worker, &mut run, index, result, writing, stop_at, watch).await {
                         break ending;
                     }
                 }
@@ -396,7 +424,7 @@ impl Session {
 /// authenticated yet, but nothing it asks is served before. Answers the spec with the whole
 /// prior ledger, and the streamed state's head.
 async fn send_run(
-    worker: &Worker,
+    worker: &mut Worker,
     mut spec: JobSpec,
     rest: Option<StateStream>,
     deadline: Instant,
@@ -422,10 +450,18 @@ async fn send_run(
         let bytes = state.encode();
         spec.run.replay.ledger = state.ledger;
         let length = u32::try_from(bytes.len()).map_err(|_| lost("could not be sent a ledger this long"))?;
-        write_bytes(worker, &[&frame, &length.to_le_bytes(), &bytes], spec.spin, deadline, Some(cancel)).await?;
+        let writing = Writing::of(&spec.run.limits, spec.spin);
+        write_bytes(worker, &[&frame, &length.to_le_bytes(), &bytes], writing, deadline, Some(cancel)).await?;
         return Ok((spec, None));
     };
-    write_bytes(worker, &[&frame], spec.spin, deadline, Some(cancel)).await?;
+    let writing = Writing::of(&spec.run.limits, spec.spin);
+    if let Err(ending) = write_bytes(worker, &[&frame], writing, deadline, Some(cancel)).await {
+        // A forged state is refused as such.
+        return Err(match rest.authenticate() {
+            Err(error) => Ending::Lost(error),
+            Ok(()) => ending,
+        });
+    }
     // What the pipe has no room for now is written once the state is decoded.
     let mut backlog: Vec<u8> = Vec::new();
     let mut too_long = false;
@@ -475,7 +511,7 @@ async fn send_run(
         Err(error) => return Err(Ending::Lost(error)),
     };
     if !backlog.is_empty() {
-        write_bytes(worker, &[&backlog], spec.spin, deadline, Some(cancel)).await?;
+        write_bytes(worker, &[&backlog], writing, deadline, Some(cancel)).await?;
     }
     let replay = &mut spec.run.replay;
     replay.ledger = ledger;
@@ -506,6 +542,7 @@ struct Progress<'a> {
 }
 
 impl<'a> Progress<'a> {
+    /// A run with `limits` that resumes from `replay` with the `decided` calls.
     fn new(limits: &'a Limits, replay: &'a Replay, decided: HashMap<u32, DecidedCall>) -> Progress<'a> {
         let clock = replay.ledger.iter().map(|entry| entry.clock).fold(replay.start_clock, f64::max);
         Progress {
@@ -585,10 +622,11 @@ async fn consume(claim: &Claim, stop_at: Instant) -> Result<(), RunError> {
 
 /// Records how call `index` ended, at what logical time, and tells the worker.
 async fn settle(
-    worker: &Worker,
+    worker: &mut Worker,
     run: &mut Progress<'_>,
     index: u32,
     result: HostResult,
+    writing: Writing,
     stop_at: Instant,
     cancel: Option<&CancelSignal>,
 ) -> Result<(), Ending> {
@@ -600,7 +638,7 @@ async fn settle(
     }
     run.clock = wall_clock_ms().max(run.clock);
     let message = ToChild::Settled { index, outcome: CallOutcomeFrame::from(result), clock: run.clock };
-    write(worker, &message, stop_at, cancel).await?;
+    write(worker, &message, writing.read_cap, stop_at, cancel).await?;
     if let (ToChild::Settled { outcome, clock, .. }, Some(call)) = (message, run.served.get_mut(&index)) {
         call.outcome = Some(outcome);
         call.clock = clock;

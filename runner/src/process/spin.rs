@@ -43,11 +43,6 @@ impl Spin {
         }
         true
     }
-
-    /// Starts the stretch again (the other end made progress).
-    pub(super) fn restart(&mut self) {
-        self.started = Instant::now();
-    }
 }
 
 /// Runs in worker processes right now, against the cores this process may use: the two ends of
@@ -58,6 +53,7 @@ pub(super) struct Cores {
 }
 
 impl Cores {
+    /// No run busy yet, on the cores this process may use.
     pub(super) fn new() -> Cores {
         Cores { busy: AtomicUsize::new(0), count: std::thread::available_parallelism().map_or(1, usize::from) }
     }

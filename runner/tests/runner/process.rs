@@ -1,5 +1,6 @@
 use crate::common::*;
 use resumable_runner::codec::{SignedCodec, SignedCodecConfig};
+use resumable_runner::host::CancelSignal;
 use resumable_runner::process::ProcessConfig;
 use resumable_runner::{
     ErrorCode, MemoryContinuationStore, Outcome, Resolution, RunRequest, Runner, RunnerConfig, StoredCodec,
@@ -108,6 +109,37 @@ async fn runaway_native_operations_are_killed_at_the_deadline() {
         // 230 ms on a loaded machine); without the kill such a loop overshoots by minutes.
         assert!(elapsed < Duration::from_millis(1_000), "{source}: {elapsed:?}");
         assert_eq!(value(&runner, RunRequest::new("return 'fresh worker'")).await, json!("fresh worker"));
+    }
+}
+
+/// A cancel reaches a worker whose script only computes (a signal, which the engine's interrupt
+/// handler sees) and one that waits on a host call: both runs end as aborted well within the
+/// grace, and the same worker process serves the next run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_stops_a_computing_or_waiting_script_and_keeps_its_worker() {
+    let processes = ProcessConfig::new(WORKER).arg("--tag=cancel").grace(Duration::from_secs(5));
+    let codec = SignedCodec::new(SignedCodecConfig::new(SECRET)).unwrap();
+    let runner = Runner::new(RunnerConfig::new().workers(1).codec(codec).processes(processes)).unwrap();
+    let tools = Tools::default();
+    assert_eq!(value(&runner, RunRequest::new("return 1")).await, json!(1));
+    let pids = || worker_children("cancel").into_iter().map(|(pid, _)| pid).collect::<Vec<_>>();
+    let workers = pids();
+    assert_eq!(workers.len(), 1, "{workers:?}");
+    for source in ["while (true) {}", "await tools.never()"] {
+        let cancel = CancelSignal::new();
+        let request = RunRequest::new(source).host(tools.host()).limits(timeout_ms(30_000)).cancel(cancel.clone());
+        let pending = tokio::spawn({
+            let runner = runner.clone();
+            async move { runner.run(request).await }
+        });
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let cancelled = Instant::now();
+        cancel.cancel();
+        let err = pending.await.unwrap().unwrap_err();
+        assert_code(&err, ErrorCode::Aborted);
+        assert!(cancelled.elapsed() < Duration::from_secs(2), "{source}: {:?}", cancelled.elapsed());
+        assert_eq!(value(&runner, RunRequest::new("return 2")).await, json!(2));
+        assert_eq!(pids(), workers, "{source}: the worker was kept");
     }
 }
 
