@@ -161,9 +161,11 @@ async fn a_crashed_worker_fails_only_its_run() {
     let pid = victim.expect("a worker process is running");
     // Rust's runtime handles the first SIGSEGV (to report stack overflows) and
     // then restores the default action; the second one crashes the worker as
-    // a real segmentation fault would. SAFETY: signalling a child of this test.
+    // a real segmentation fault would.
+    // SAFETY: signalling a child of this test.
     assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSEGV) }, 0);
     tokio::time::sleep(Duration::from_millis(50)).await;
+    // SAFETY: as above.
     unsafe { libc::kill(pid as i32, libc::SIGSEGV) };
     let err = pending.await.unwrap().unwrap_err();
     assert_code(&err, ErrorCode::Error);
