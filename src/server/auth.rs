@@ -81,28 +81,62 @@ fn digest(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
 }
 
+/// Why a set of API keys was refused.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum KeysError {
+    /// The keys are not JSON of the expected shape.
+    #[error("invalid API keys: {0}")]
+    Json(#[source] serde_json::Error),
+    /// A key (counted from 1) is shorter than 8 characters.
+    #[error("API key #{0} is shorter than 8 characters")]
+    TooShort(usize),
+    /// A key (counted from 1) has no actor or no tenant.
+    #[error("API key #{0} needs an actor and a tenant")]
+    Incomplete(usize),
+    /// A key (counted from 1) is the same as an earlier one.
+    #[error("API key #{0} is configured twice")]
+    Duplicate(usize),
+    /// The keys file cannot be read.
+    #[error("cannot read {path}: {source}", path = .path.display())]
+    Read {
+        /// The file.
+        path: std::path::PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// The keys from `origin` (a file or an environment variable) are invalid.
+    #[error("{origin}: {source}")]
+    In {
+        /// Where the keys came from.
+        origin: String,
+        /// What is wrong with them.
+        source: Box<KeysError>,
+    },
+}
+
 impl ApiKeys {
     /// The keys of `config`; refuses short keys, duplicates and empty tenants.
-    pub fn new(config: ApiKeysConfig) -> Result<ApiKeys, String> {
+    pub fn new(config: ApiKeysConfig) -> Result<ApiKeys, KeysError> {
         let mut by_digest = HashMap::new();
         for (i, k) in config.keys.into_iter().enumerate() {
             if k.key.len() < 8 {
-                return Err(format!("API key #{} is shorter than 8 characters", i + 1));
+                return Err(KeysError::TooShort(i + 1));
             }
             if k.tenant.is_empty() || k.actor.is_empty() {
-                return Err(format!("API key #{} needs an actor and a tenant", i + 1));
+                return Err(KeysError::Incomplete(i + 1));
             }
             let caller = Caller { actor: k.actor, tenant: k.tenant, roles: k.roles };
             if by_digest.insert(digest(&k.key), caller).is_some() {
-                return Err(format!("API key #{} is configured twice", i + 1));
+                return Err(KeysError::Duplicate(i + 1));
             }
         }
         Ok(ApiKeys { by_digest: Arc::new(by_digest) })
     }
 
     /// Parses the JSON of a keys file.
-    pub fn from_json(json: &str) -> Result<ApiKeys, String> {
-        let config: ApiKeysConfig = serde_json::from_str(json).map_err(|e| format!("invalid API keys: {e}"))?;
+    pub fn from_json(json: &str) -> Result<ApiKeys, KeysError> {
+        let config: ApiKeysConfig = serde_json::from_str(json).map_err(KeysError::Json)?;
         ApiKeys::new(config)
     }
 
@@ -200,6 +234,6 @@ mod tests {
         );
         let twice = r#"{"keys":[{"key":"longenough","actor":"a","tenant":"t","roles":[]},
                                 {"key":"longenough","actor":"b","tenant":"t","roles":[]}]}"#;
-        assert!(ApiKeys::from_json(twice).unwrap_err().contains("twice"));
+        assert!(ApiKeys::from_json(twice).unwrap_err().to_string().contains("twice"));
     }
 }

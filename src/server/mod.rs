@@ -11,6 +11,7 @@ pub mod inbox;
 mod routes;
 mod secret;
 mod sessions;
+mod start_error;
 mod throttle;
 
 use std::future::Future;
@@ -24,11 +25,12 @@ use axum::routing::{get, post};
 use resumable_runner::RunnerConfig;
 use tokio::sync::watch;
 
-pub use auth::{ApiKeyConfig, ApiKeys, ApiKeysConfig, Caller, Role};
+pub use auth::{ApiKeyConfig, ApiKeys, ApiKeysConfig, Caller, KeysError, Role};
 pub use error::ApiError;
 pub use inbox::InboxSettings;
 pub use routes::MAX_SOURCE_BYTES;
-pub use secret::load_or_create as load_or_create_secret;
+pub use secret::{SecretError, load_or_create as load_or_create_secret};
+pub use start_error::ServerError;
 pub use throttle::AuthThrottle;
 
 use crate::automation::Automations;
@@ -140,12 +142,12 @@ pub async fn open_service(
     demo: bool,
     runner: RunnerConfig,
     lease: Duration,
-) -> Result<Service, String> {
-    let db = AppDb::open(db_url).await.map_err(|e| e.to_string())?;
+) -> Result<Service, ServerError> {
+    let db = AppDb::open(db_url).await?;
     let store = db.store();
     let orders = OrderBook::new(db.clone());
     if demo {
-        orders.seed_demo().await.map_err(|e| e.to_string())?;
+        orders.seed_demo().await?;
     }
     let host = orders.clone();
     let automations = Automations::builder(store, db, secret)
@@ -154,31 +156,33 @@ pub async fn open_service(
         .concurrency(workers)
         .engine(move |engine| engine.lease(lease))
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(ServerError::Automations)?;
     Ok(Service { automations, orders })
 }
 
 /// Applies the migrations of every table to the database at `db_url` and returns.
-pub async fn migrate(db_url: &str) -> Result<(), String> {
-    AppDb::open(db_url).await.map_err(|e| e.to_string())?;
+pub async fn migrate(db_url: &str) -> Result<(), ServerError> {
+    AppDb::open(db_url).await?;
     Ok(())
 }
 
 /// Runs the service until `shutdown` completes, then stops accepting requests, lets the ones in
 /// flight finish, and hands running automations back to the database.
-pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), String> {
+pub async fn serve(
+    config: ServerConfig,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> Result<(), ServerError> {
     let secret = secret::load_or_create(&config.secret_file)?;
     let keys = if config.demo { config.keys.merge(ApiKeys::demo()) } else { config.keys };
     if keys.is_empty() {
-        return Err("no API keys are configured: pass --keys FILE, set RESUMABLE_API_KEYS, or use --demo".into());
+        return Err(ServerError::NoKeys);
     }
     check_workers(&config.runner).await?;
     let service =
         open_service(&config.db_url, &secret, config.workers, config.demo, config.runner, config.lease).await?;
-    let listener = tokio::net::TcpListener::bind(config.listen)
-        .await
-        .map_err(|e| format!("cannot listen on {}: {e}", config.listen))?;
-    let local = listener.local_addr().map_err(|e| e.to_string())?;
+    let listen = |source| ServerError::Listen { address: config.listen, source };
+    let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(listen)?;
+    let local = listener.local_addr().map_err(listen)?;
     tracing::info!(listen = %local, keys = keys.len(), demo = config.demo, "serving the approval API");
     // Scripts and tests read this line to find the port.
     println!("listening on http://{local}");
@@ -199,7 +203,7 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()> + Se
     axum::serve(listener, router(state).into_make_service_with_connect_info::<SocketAddr>())
         .with_graceful_shutdown(shutdown)
         .await
-        .map_err(|e| format!("server failed: {e}"))?;
+        .map_err(ServerError::Serve)?;
     tracing::info!("shutting down: handing running automations back");
     service.automations.engine().shutdown().await;
     Ok(())
@@ -208,14 +212,17 @@ pub async fn serve(config: ServerConfig, shutdown: impl Future<Output = ()> + Se
 /// Runs a trivial script the way automations will run, to refuse to start (with what to do)
 /// when worker processes cannot be confined and were not allowed to run unconfined, and to log
 /// how they are confined.
-async fn check_workers(runner: &RunnerConfig) -> Result<(), String> {
-    let probe = resumable_runner::Runner::new(runner.clone()).map_err(|e| e.to_string())?;
+async fn check_workers(runner: &RunnerConfig) -> Result<(), ServerError> {
+    let probe = resumable_runner::Runner::new(runner.clone()).map_err(ServerError::Runner)?;
     match probe.run(resumable_runner::RunRequest::new("return 1")).await {
         Ok(_) => {}
         Err(e) if e.code == resumable_runner::ErrorCode::ConfigurationError => {
-            return Err(format!("{}; pass --allow-unconfined to run scripts without it", e.message));
+            let message = format!("{}; pass --allow-unconfined to run scripts without it", e.message);
+            return Err(ServerError::Workers { message, source: e });
         }
-        Err(e) => return Err(format!("a first script could not run: {e}")),
+        Err(e) => {
+            return Err(ServerError::Workers { message: format!("a first script could not run: {e}"), source: e });
+        }
     }
     match probe.worker_confinement() {
         Some(confinement) if confinement.is_minimal() => {
@@ -246,14 +253,16 @@ pub async fn shutdown_signal() {
 }
 
 /// Reads the API keys from `path`, or else the `RESUMABLE_API_KEYS` environment variable.
-pub fn load_keys(path: Option<&std::path::Path>) -> Result<ApiKeys, String> {
+pub fn load_keys(path: Option<&std::path::Path>) -> Result<ApiKeys, KeysError> {
     let from_env = std::env::var("RESUMABLE_API_KEYS").ok();
+    let within = |origin: String| move |e| KeysError::In { origin, source: Box::new(e) };
     match (path, from_env) {
         (Some(p), _) => {
-            let text = std::fs::read_to_string(p).map_err(|e| format!("cannot read {}: {e}", p.display()))?;
-            ApiKeys::from_json(&text).map_err(|e| format!("{}: {e}", p.display()))
+            let text =
+                std::fs::read_to_string(p).map_err(|source| KeysError::Read { path: p.to_path_buf(), source })?;
+            ApiKeys::from_json(&text).map_err(within(p.display().to_string()))
         }
-        (None, Some(json)) => ApiKeys::from_json(&json).map_err(|e| format!("RESUMABLE_API_KEYS: {e}")),
+        (None, Some(json)) => ApiKeys::from_json(&json).map_err(within("RESUMABLE_API_KEYS".into())),
         (None, None) => Ok(ApiKeys::default()),
     }
 }

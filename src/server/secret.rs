@@ -13,9 +13,65 @@ use std::path::{Path, PathBuf};
 /// Bytes of a generated secret.
 const SECRET_BYTES: usize = 32;
 
+/// Why the secret file could not be used.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum SecretError {
+    /// The file cannot be read, created or flushed.
+    #[error("{what} {path}: {source}", path = .path.display())]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// Why it failed.
+        source: std::io::Error,
+    },
+    /// Other users may read the file.
+    #[error("{path} may be read by others (mode {mode:o}); run chmod 600 on it", path = .path.display())]
+    Exposed {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
+    /// The file does not hold hex digits.
+    #[error("{path} does not hold a hex secret; {REPAIR}", path = .path.display())]
+    NotHex {
+        /// The file.
+        path: PathBuf,
+    },
+    /// The file holds too few bytes.
+    #[error(
+        "{path} holds {bytes} bytes, fewer than {SECRET_BYTES}: it was cut short or written by hand; {REPAIR}",
+        path = .path.display()
+    )]
+    TooShort {
+        /// The file.
+        path: PathBuf,
+        /// How many bytes it holds.
+        bytes: usize,
+    },
+    /// The path names no file.
+    #[error("{path} is not a file name", path = .path.display())]
+    NotAFile {
+        /// The path.
+        path: PathBuf,
+    },
+    /// The operating system gave no random bytes.
+    #[error("no randomness for a secret: {0}")]
+    NoRandomness(getrandom::Error),
+    /// Concurrent starts kept creating and removing the file.
+    #[error("{path}: the secret file keeps appearing and disappearing", path = .path.display())]
+    Unstable {
+        /// The file.
+        path: PathBuf,
+    },
+}
+
 /// Reads the hex secret at `path`, or creates it (mode 0600) with fresh random bytes.
 /// Refuses a secret file that others may read, or one shorter than 32 bytes.
-pub fn load_or_create(path: &Path) -> Result<Vec<u8>, String> {
+pub fn load_or_create(path: &Path) -> Result<Vec<u8>, SecretError> {
     remove_stale_temporaries(path);
     // A concurrent first start may publish between our read and our link: then we read its file.
     for _ in 0..3 {
@@ -28,30 +84,26 @@ pub fn load_or_create(path: &Path) -> Result<Vec<u8>, String> {
             }
         }
     }
-    Err(format!("{}: the secret file keeps appearing and disappearing", path.display()))
+    Err(SecretError::Unstable { path: path.to_path_buf() })
 }
 
 /// The secret at `path`, or `None` when there is no file.
-fn read(path: &Path) -> Result<Option<Vec<u8>>, String> {
-    let shown = path.display();
+fn read(path: &Path) -> Result<Option<Vec<u8>>, SecretError> {
+    let io = |what| move |source| SecretError::Io { what, path: path.to_path_buf(), source };
     let text = match std::fs::read_to_string(path) {
         Ok(text) => text,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
-        Err(e) => return Err(format!("cannot read {shown}: {e}")),
+        Err(e) => return Err(io("cannot read")(e)),
     };
-    let mode = std::fs::metadata(path).map_err(|e| format!("{shown}: {e}"))?.permissions().mode();
+    let mode = std::fs::metadata(path).map_err(io("cannot look at"))?.permissions().mode();
     if mode & 0o077 != 0 {
-        return Err(format!("{shown} may be read by others (mode {:o}); run chmod 600 on it", mode & 0o777));
+        return Err(SecretError::Exposed { path: path.to_path_buf(), mode: mode & 0o777 });
     }
     let Some(secret) = decode_hex(text.trim()) else {
-        return Err(format!("{shown} does not hold a hex secret; {}", REPAIR));
+        return Err(SecretError::NotHex { path: path.to_path_buf() });
     };
     if secret.len() < SECRET_BYTES {
-        return Err(format!(
-            "{shown} holds {} bytes, fewer than {SECRET_BYTES}: it was cut short or written by hand; {}",
-            secret.len(),
-            REPAIR
-        ));
+        return Err(SecretError::TooShort { path: path.to_path_buf(), bytes: secret.len() });
     }
     Ok(Some(secret))
 }
@@ -62,18 +114,21 @@ const REPAIR: &str = "put 64 or more hex digits in it, or delete it to have a ne
 
 /// Writes a fresh secret to a temporary file and publishes it at `path`. `None` when another
 /// start published first (its secret is the one to use).
-fn create(path: &Path) -> Result<Option<Vec<u8>>, String> {
-    let shown = path.display();
+fn create(path: &Path) -> Result<Option<Vec<u8>>, SecretError> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
         _ => PathBuf::from("."),
     };
-    let name = path.file_name().ok_or_else(|| format!("{shown} is not a file name"))?.to_string_lossy().into_owned();
+    let name = path
+        .file_name()
+        .ok_or_else(|| SecretError::NotAFile { path: path.to_path_buf() })?
+        .to_string_lossy()
+        .into_owned();
     let mut secret = vec![0u8; SECRET_BYTES];
-    getrandom::fill(&mut secret).map_err(|e| format!("no randomness for a secret: {e}"))?;
+    getrandom::fill(&mut secret).map_err(SecretError::NoRandomness)?;
     let hex: String = secret.iter().map(|b| format!("{b:02x}")).collect();
     let mut suffix = [0u8; 6];
-    getrandom::fill(&mut suffix).map_err(|e| format!("no randomness for a secret: {e}"))?;
+    getrandom::fill(&mut suffix).map_err(SecretError::NoRandomness)?;
     let suffix: String = suffix.iter().map(|b| format!("{b:02x}")).collect();
     let temporary = dir.join(format!(".{name}.tmp.{}.{suffix}", std::process::id()));
     let written = std::fs::OpenOptions::new()
@@ -91,9 +146,13 @@ fn create(path: &Path) -> Result<Option<Vec<u8>>, String> {
         Err(e) if matches!(e.kind(), std::io::ErrorKind::AlreadyExists | std::io::ErrorKind::NotFound) => {
             return Ok(None);
         }
-        Err(e) => return Err(format!("cannot create {shown}: {e}")),
+        Err(source) => return Err(SecretError::Io { what: "cannot create", path: path.to_path_buf(), source }),
     }
-    std::fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(|e| format!("{}: {e}", dir.display()))?;
+    std::fs::File::open(&dir).and_then(|d| d.sync_all()).map_err(|source| SecretError::Io {
+        what: "cannot flush",
+        path: dir.clone(),
+        source,
+    })?;
     Ok(Some(secret))
 }
 
@@ -148,10 +207,10 @@ mod tests {
         assert_eq!(load_or_create(&path).unwrap(), first);
         assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 1, "no temporary file is left");
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
-        assert!(load_or_create(&path).unwrap_err().contains("chmod 600"));
+        assert!(load_or_create(&path).unwrap_err().to_string().contains("chmod 600"));
         std::fs::write(&path, "zz").unwrap();
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-        assert!(load_or_create(&path).unwrap_err().contains("delete it"));
+        assert!(load_or_create(&path).unwrap_err().to_string().contains("delete it"));
         let _ = std::fs::remove_dir_all(dir);
     }
 
@@ -162,7 +221,7 @@ mod tests {
         for content in ["", "abcd\n"] {
             std::fs::write(&path, content).unwrap();
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-            let error = load_or_create(&path).unwrap_err();
+            let error = load_or_create(&path).unwrap_err().to_string();
             assert!(error.contains("fewer than 32") && error.contains("delete it"), "{error}");
         }
         let _ = std::fs::remove_dir_all(dir);
