@@ -31,7 +31,7 @@ mod error;
 mod name;
 mod registry;
 
-pub use args::FromArgs;
+pub use args::{ArgsError, FromArgs};
 pub use cancel::CancelSignal;
 pub use context::{HostCallContext, Resume};
 pub use error::{HOST_FUNCTION_ERROR_CODE, HostError, HostFailure};

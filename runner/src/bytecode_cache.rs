@@ -1,5 +1,6 @@
 //! How each worker keeps the bytecode of scripts it compiled, and what the cache did.
 
+use crate::error::ConfigError;
 use serde::{Deserialize, Serialize};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -55,22 +56,25 @@ impl BytecodeCacheConfig {
     }
 
     /// Checks every bound; the message names the setting and its range.
-    pub(crate) fn validate(&self) -> Result<(), String> {
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
         if !(1..=100_000).contains(&self.max_entries) {
-            return Err(format!("bytecode cache max_entries must be from 1 to 100000, got {}", self.max_entries));
+            return Err(ConfigError(format!(
+                "bytecode cache max_entries must be from 1 to 100000, got {}",
+                self.max_entries
+            )));
         }
         if !(64 * 1024..=1024 * MIB).contains(&self.max_bytes) {
-            return Err(format!(
+            return Err(ConfigError(format!(
                 "bytecode cache max_bytes must be from 65536 to {}, got {}",
                 1024 * MIB,
                 self.max_bytes
-            ));
+            )));
         }
         if self.max_age < Duration::from_millis(1) || self.max_age > MAX_AGE_LIMIT {
-            return Err(format!(
+            return Err(ConfigError(format!(
                 "bytecode cache max_age must be from 1 ms to 24 h, got {} ms",
                 self.max_age.as_millis()
-            ));
+            )));
         }
         Ok(())
     }
@@ -135,7 +139,7 @@ mod tests {
             (BytecodeCacheConfig::new().max_age(MAX_AGE_LIMIT + Duration::from_secs(1)), "max_age"),
         ] {
             let error = config.validate().unwrap_err();
-            assert!(error.contains(name), "{error}");
+            assert!(error.0.contains(name), "{error}");
         }
     }
 }

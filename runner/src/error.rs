@@ -88,11 +88,23 @@ impl ErrorCode {
     }
 }
 
-impl TryFrom<String> for ErrorCode {
-    type Error = String;
+/// A string that names no [`ErrorCode`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownErrorCode(pub String);
 
-    fn try_from(code: String) -> Result<Self, String> {
-        ErrorCode::parse(&code).ok_or_else(|| format!("unknown error code {code:?}"))
+impl fmt::Display for UnknownErrorCode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown error code {:?}", self.0)
+    }
+}
+
+impl std::error::Error for UnknownErrorCode {}
+
+impl TryFrom<String> for ErrorCode {
+    type Error = UnknownErrorCode;
+
+    fn try_from(code: String) -> Result<Self, UnknownErrorCode> {
+        ErrorCode::parse(&code).ok_or(UnknownErrorCode(code))
     }
 }
 
@@ -151,6 +163,18 @@ impl fmt::Display for RunError {
 }
 
 impl std::error::Error for RunError {}
+
+/// A configuration value out of range.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError(pub String);
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for ConfigError {}
 
 #[cfg(test)]
 mod tests {

@@ -22,7 +22,7 @@ mod text;
 mod turn;
 
 pub use bytecode_cache::{BytecodeCacheConfig, RunnerStats};
-pub use error::{ErrorCode, RunError};
+pub use error::{ConfigError, ErrorCode, RunError, UnknownErrorCode};
 pub use event::{CallSettlement, EVENT_VALUE_BYTES, EventError, RunEvent};
 pub use event_queue::EVENT_QUEUE_CAPACITY;
 pub use handle::{RunEvents, RunHandle};
@@ -34,7 +34,7 @@ mod runner;
 
 pub use continuation::{ContinuationCodec, Inspection, StoredCodec};
 pub use resumable_host as host;
-pub use runner::{ConfigError, DEFAULT_AUDIENCE, RunRequest, Runner, RunnerConfig};
+pub use runner::{DEFAULT_AUDIENCE, RunRequest, Runner, RunnerConfig};
 pub use store::{
     ClaimId, ContinuationStore, MemoryContinuationStore, StoreError, StoreFuture, StoredContinuation,
     check_continuation_store,

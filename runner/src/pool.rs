@@ -1,7 +1,7 @@
 //! Worker threads that own the engines, fed by a bounded queue.
 
 use crate::bytecode_cache::StatsCounters;
-use crate::error::{ErrorCode, RunError};
+use crate::error::{ConfigError, ErrorCode, RunError};
 use crate::job::{Job, RawOutcome};
 use crate::limits::MAX_STACK_BYTES;
 use crate::sandbox::Engine;
@@ -36,7 +36,7 @@ pub(crate) struct Pool {
 }
 
 impl Pool {
-    pub(crate) fn new(workers: usize, queue_capacity: usize, stats: Arc<StatsCounters>) -> Result<Pool, String> {
+    pub(crate) fn new(workers: usize, queue_capacity: usize, stats: Arc<StatsCounters>) -> Result<Pool, ConfigError> {
         let (queue, jobs) = bounded::<Task>(queue_capacity);
         let spinners = Arc::new(AtomicUsize::new(0));
         let busy = Arc::new(AtomicUsize::new(0));
@@ -49,7 +49,7 @@ impl Pool {
                 .name(format!("resumable-worker-{index}"))
                 .stack_size(4 * MAX_STACK_BYTES + 1024 * 1024)
                 .spawn(move || work(jobs, &spinners, &busy, &stats))
-                .map_err(|e| format!("cannot start worker thread: {e}"))?;
+                .map_err(|e| ConfigError(format!("cannot start worker thread: {e}")))?;
         }
         let cores = thread::available_parallelism().map_or(1, usize::from);
         Ok(Pool { queue, pollers: Arc::new(AtomicUsize::new(0)), busy, cores })

@@ -3,7 +3,7 @@
 use crate::bytecode_cache::{BytecodeCacheConfig, RunnerStats, StatsCounters};
 use crate::continuation::{Claim, ContinuationCodec, Inspection, Opened, StateStream};
 use crate::determinism::{fresh_seed, wall_clock_ms};
-use crate::error::{ErrorCode, RunError};
+use crate::error::{ConfigError, ErrorCode, RunError};
 use crate::event::EventSink;
 use crate::event_queue::EventQueue;
 use crate::handle::RunHandle;
@@ -116,18 +116,6 @@ impl fmt::Debug for RunnerConfig {
             .finish()
     }
 }
-
-/// A configuration value out of range.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ConfigError(pub String);
-
-impl fmt::Display for ConfigError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for ConfigError {}
 
 /// One script to run, or to resume.
 #[derive(Clone, Debug)]
@@ -258,12 +246,10 @@ impl Runner {
                 config.queue_capacity
             )));
         }
-        config.bytecode_cache.validate().map_err(ConfigError)?;
+        config.bytecode_cache.validate()?;
         let stats = Arc::new(StatsCounters::default());
         let backend = match config.processes {
-            None => {
-                Backend::Threads(Pool::new(config.workers, config.queue_capacity, stats.clone()).map_err(ConfigError)?)
-            }
+            None => Backend::Threads(Pool::new(config.workers, config.queue_capacity, stats.clone())?),
             Some(processes) => {
                 if !processes.program.exists() {
                     return Err(ConfigError(format!("worker program {} does not exist", processes.program.display())));

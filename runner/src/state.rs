@@ -89,6 +89,36 @@ pub(crate) fn json_depth_exceeds(value: &Value, max: usize) -> bool {
     false
 }
 
+/// Why a continuation's state was refused: what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct StateError(pub String);
+
+impl std::fmt::Display for StateError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for StateError {}
+
+impl From<String> for StateError {
+    fn from(message: String) -> StateError {
+        StateError(message)
+    }
+}
+
+impl From<StateError> for String {
+    fn from(error: StateError) -> String {
+        error.0
+    }
+}
+
+impl From<&str> for StateError {
+    fn from(message: &str) -> StateError {
+        StateError(message.to_string())
+    }
+}
+
 /// One recorded host call.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
 pub(crate) struct LedgerEntry {
@@ -129,7 +159,7 @@ pub(crate) struct ContinuationState {
 
 impl ContinuationState {
     /// The calls still waiting for a decision, by call index.
-    pub(crate) fn pending_interruptions(&self) -> Result<Vec<crate::outcome::Interruption>, String> {
+    pub(crate) fn pending_interruptions(&self) -> Result<Vec<crate::outcome::Interruption>, StateError> {
         pending_interruptions(&self.ledger)
     }
 
@@ -183,7 +213,7 @@ impl ContinuationState {
     }
 
     /// Decodes and validates a state; the error says what is wrong.
-    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, String> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Self, StateError> {
         let Some((body, checksum)) = bytes.split_last_chunk::<4>() else {
             return Err("state is truncated".into());
         };
@@ -277,7 +307,7 @@ impl StateParser {
 
     /// Reads every part that `available` (the first bytes of the state, more at each call)
     /// completes, handing each to `emit`.
-    pub(crate) fn advance(&mut self, available: &[u8], mut emit: impl FnMut(Parsed)) -> Result<(), String> {
+    pub(crate) fn advance(&mut self, available: &[u8], mut emit: impl FnMut(Parsed)) -> Result<(), StateError> {
         let body = &available[..available.len().min(self.total.saturating_sub(4))];
         if let Some(crc) = &mut self.crc {
             crc.update(&body[self.checked.min(body.len())..]);
@@ -315,7 +345,7 @@ impl StateParser {
     /// Checks the end of the state, `all` of whose bytes [`advance`](Self::advance) has read:
     /// every entry there, nothing after them but a matching checksum, and settle orders that
     /// number the settled calls from 0.
-    pub(crate) fn finish(mut self, all: &[u8]) -> Result<(), String> {
+    pub(crate) fn finish(mut self, all: &[u8]) -> Result<(), StateError> {
         if all.len() != self.total || self.remaining != Some(0) || all.len() < 4 {
             return Err("state is truncated".into());
         }
@@ -335,13 +365,13 @@ impl StateParser {
 }
 
 /// The head of a state of `total` bytes.
-fn read_head(r: &mut Reader<'_>, total: usize) -> Result<StateHead, String> {
+fn read_head(r: &mut Reader<'_>, total: usize) -> Result<StateHead, StateError> {
     if r.take(4)? != MAGIC {
         return Err("not a continuation state".into());
     }
     let version = r.uint()?;
     if version != STATE_VERSION as u64 {
-        return Err(format!("unsupported state version {version}"));
+        return Err(StateError::from(format!("unsupported state version {version}")));
     }
     let source_hash = r.array32()?;
     let scope_hash = r.array32()?;
@@ -360,12 +390,12 @@ fn read_head(r: &mut Reader<'_>, total: usize) -> Result<StateHead, String> {
 }
 
 /// Ledger entry `index` (from 1).
-fn read_entry(r: &mut Reader<'_>, index: usize) -> Result<LedgerEntry, String> {
+fn read_entry(r: &mut Reader<'_>, index: usize) -> Result<LedgerEntry, StateError> {
     let function = r.text()?.to_string();
     check_function_name(&function).map_err(|e| format!("call {index}: {e}"))?;
     let arguments = r.json()?.to_string();
     if !arguments.starts_with('[') {
-        return Err(format!("call {index}: arguments are not an array"));
+        return Err(StateError::from(format!("call {index}: arguments are not an array")));
     }
     let outcome = match r.byte()? {
         0 => CallOutcome::Fulfilled(r.json()?.into()),
@@ -374,28 +404,28 @@ fn read_entry(r: &mut Reader<'_>, index: usize) -> Result<LedgerEntry, String> {
             let details = match r.byte()? {
                 0 => None,
                 1 => Some(r.json()?.to_string()),
-                _ => return Err(format!("call {index}: bad details flag")),
+                _ => return Err(StateError::from(format!("call {index}: bad details flag"))),
             };
             CallOutcome::Rejected { message, details }
         }
         2 => CallOutcome::Interrupted(r.json()?.to_string()),
-        other => return Err(format!("call {index}: unknown outcome {other}")),
+        other => return Err(StateError::from(format!("call {index}: unknown outcome {other}"))),
     };
     let settle_order = match r.byte()? {
         0 => None,
         1 => Some(u32::try_from(r.uint()?).map_err(|_| format!("call {index}: bad settle order"))?),
-        _ => return Err(format!("call {index}: bad settle flag")),
+        _ => return Err(StateError::from(format!("call {index}: bad settle flag"))),
     };
     let interrupted = matches!(outcome, CallOutcome::Interrupted(_));
     if interrupted == settle_order.is_some() {
-        return Err(format!("call {index}: settle order does not match its outcome"));
+        return Err(StateError::from(format!("call {index}: settle order does not match its outcome")));
     }
     let clock = r.clock()?;
     Ok(LedgerEntry { function, arguments, outcome, settle_order, clock })
 }
 
 /// Every interrupted call of `ledger`, described for whoever decides.
-pub(crate) fn pending_interruptions(ledger: &[LedgerEntry]) -> Result<Vec<crate::outcome::Interruption>, String> {
+pub(crate) fn pending_interruptions(ledger: &[LedgerEntry]) -> Result<Vec<crate::outcome::Interruption>, StateError> {
     let mut out = Vec::new();
     for (i, entry) in ledger.iter().enumerate() {
         let CallOutcome::Interrupted(payload) = &entry.outcome else { continue };
@@ -410,7 +440,7 @@ pub(crate) fn pending_interruptions(ledger: &[LedgerEntry]) -> Result<Vec<crate:
     Ok(out)
 }
 
-fn check_function_name(name: &str) -> Result<(), String> {
+fn check_function_name(name: &str) -> Result<(), StateError> {
     match name.split_once('.') {
         Some((ns, f))
             if resumable_host::validate_identifier(ns).is_ok() && resumable_host::validate_identifier(f).is_ok() =>
@@ -471,7 +501,7 @@ impl<'a> Reader<'a> {
         self.pos > self.bytes.len()
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], StateError> {
         let Some(end) = self.pos.checked_add(n).filter(|&e| e <= self.bytes.len()) else {
             // Marks the reader as out of bytes (see `ran_out`).
             self.pos = self.bytes.len() + 1;
@@ -482,11 +512,11 @@ impl<'a> Reader<'a> {
         Ok(out)
     }
 
-    fn byte(&mut self) -> Result<u8, String> {
+    fn byte(&mut self) -> Result<u8, StateError> {
         Ok(self.take(1)?[0])
     }
 
-    fn uint(&mut self) -> Result<u64, String> {
+    fn uint(&mut self) -> Result<u64, StateError> {
         let mut rest = self.bytes.get(self.pos..).unwrap_or_default();
         let available = rest.len();
         match leb128::read(&mut rest) {
@@ -504,12 +534,12 @@ impl<'a> Reader<'a> {
         }
     }
 
-    fn text(&mut self) -> Result<&'a str, String> {
+    fn text(&mut self) -> Result<&'a str, StateError> {
         let len = usize::try_from(self.uint()?).map_err(|_| "length overflow")?;
         std::str::from_utf8(self.take(len)?).map_err(|_| "invalid UTF-8 in state".into())
     }
 
-    fn json(&mut self) -> Result<&'a str, String> {
+    fn json(&mut self) -> Result<&'a str, StateError> {
         let len = usize::try_from(self.uint()?).map_err(|_| "length overflow")?;
         let bytes = self.take(len)?;
         if is_plain_ascii_json_string(bytes) {
@@ -523,15 +553,15 @@ impl<'a> Reader<'a> {
         Ok(text)
     }
 
-    fn array32(&mut self) -> Result<[u8; 32], String> {
+    fn array32(&mut self) -> Result<[u8; 32], StateError> {
         Ok(self.take(32)?.try_into().expect("length checked"))
     }
 
-    fn array8(&mut self) -> Result<[u8; 8], String> {
+    fn array8(&mut self) -> Result<[u8; 8], StateError> {
         Ok(self.take(8)?.try_into().expect("length checked"))
     }
 
-    fn clock(&mut self) -> Result<f64, String> {
+    fn clock(&mut self) -> Result<f64, StateError> {
         let v = f64::from_le_bytes(self.array8()?);
         if !v.is_finite() || !(0.0..=8.64e15).contains(&v) {
             return Err("invalid clock value in state".into());
@@ -698,7 +728,7 @@ mod tests {
     }
 
     /// `bytes` read by a [`StateParser`] as they arrive, `piece` bytes at a time.
-    fn streamed(bytes: &[u8], piece: usize) -> Result<ContinuationState, String> {
+    fn streamed(bytes: &[u8], piece: usize) -> Result<ContinuationState, StateError> {
         let mut parser = StateParser::new(bytes.len());
         let (mut head, mut ledger) = (None, Vec::new());
         let mut available = 0;
@@ -772,8 +802,8 @@ mod tests {
     fn inconsistent_settle_orders_are_refused() {
         let mut state = sample();
         state.ledger[1].settle_order = Some(0);
-        assert!(ContinuationState::decode(&state.encode()).unwrap_err().contains("permutation"));
-        assert!(streamed(&state.encode(), 5).unwrap_err().contains("permutation"));
+        assert!(ContinuationState::decode(&state.encode()).unwrap_err().0.contains("permutation"));
+        assert!(streamed(&state.encode(), 5).unwrap_err().0.contains("permutation"));
         let mut state = sample();
         state.ledger[2].settle_order = Some(2);
         assert!(ContinuationState::decode(&state.encode()).is_err());

@@ -112,6 +112,30 @@ impl From<serde_json::Error> for WorkflowError {
     }
 }
 
+/// A name that is not one of the values it should be (a run status or an event kind read back
+/// from a database, say).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UnknownName {
+    /// What the name should have named.
+    pub what: &'static str,
+    /// The name.
+    pub name: String,
+}
+
+impl fmt::Display for UnknownName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "unknown {} {:?}", self.what, self.name)
+    }
+}
+
+impl std::error::Error for UnknownName {}
+
+impl From<UnknownName> for StoreError {
+    fn from(e: UnknownName) -> StoreError {
+        StoreError::Corrupt(e.to_string())
+    }
+}
+
 /// An error of a [`Store`](crate::Store) backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum StoreError {

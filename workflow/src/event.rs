@@ -1,5 +1,6 @@
 //! The per-run event log: every state change appends one or more events, ordered by `seq`.
 
+use crate::error::UnknownName;
 use std::fmt;
 use std::str::FromStr;
 use std::time::SystemTime;
@@ -102,10 +103,13 @@ impl fmt::Display for EventKind {
 }
 
 impl FromStr for EventKind {
-    type Err = String;
+    type Err = UnknownName;
 
-    fn from_str(s: &str) -> Result<EventKind, String> {
-        EventKind::ALL.into_iter().find(|k| k.as_str() == s).ok_or_else(|| format!("unknown event kind {s:?}"))
+    fn from_str(s: &str) -> Result<EventKind, UnknownName> {
+        EventKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| UnknownName { what: "event kind", name: s.to_string() })
     }
 }
 

@@ -1,5 +1,6 @@
 //! What the engine reports about runs, and the options to start one.
 
+use crate::error::UnknownName;
 use std::fmt;
 use std::str::FromStr;
 use std::time::SystemTime;
@@ -53,9 +54,9 @@ impl fmt::Display for RunStatus {
 }
 
 impl FromStr for RunStatus {
-    type Err = String;
+    type Err = UnknownName;
 
-    fn from_str(s: &str) -> Result<RunStatus, String> {
+    fn from_str(s: &str) -> Result<RunStatus, UnknownName> {
         Ok(match s {
             "pending" => RunStatus::Pending,
             "running" => RunStatus::Running,
@@ -63,7 +64,7 @@ impl FromStr for RunStatus {
             "completed" => RunStatus::Completed,
             "failed" => RunStatus::Failed,
             "cancelled" => RunStatus::Cancelled,
-            other => return Err(format!("unknown run status {other:?}")),
+            other => return Err(UnknownName { what: "run status", name: other.to_string() }),
         })
     }
 }

@@ -33,8 +33,17 @@ pub(super) struct Pipes {
     chunk: Box<[u8]>,
 }
 
-/// Why a worker's frame could not be read.
-pub(super) type FrameError = String;
+/// Why a worker's pipes could not be used: it closed them, or broke the protocol.
+#[derive(Debug)]
+pub(super) struct PipeError(String);
+
+impl std::fmt::Display for PipeError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for PipeError {}
 
 impl Pipes {
     /// The parent's ends of a new worker's stdin and stdout, made non-blocking and enlarged.
@@ -63,14 +72,14 @@ impl Pipes {
     /// worker blocked on its own writes can go on to read. With `spin`, it polls for room for a
     /// moment (see [`Spin`]) before it waits. Not cancel-safe: a write cut short leaves a
     /// partial frame, after which the worker is never used again.
-    pub(super) async fn write_all(&mut self, parts: &[&[u8]], spin: bool, read_cap: usize) -> Result<(), FrameError> {
+    pub(super) async fn write_all(&mut self, parts: &[&[u8]], spin: bool, read_cap: usize) -> Result<(), PipeError> {
         let mut slices: Vec<IoSlice<'_>> = parts.iter().map(|part| IoSlice::new(part)).collect();
         let mut rest = &mut slices[..];
         IoSlice::advance_slices(&mut rest, 0);
         let mut polling = Spin::new(spin, SPIN);
         while !rest.is_empty() {
             match self.to_worker.get_ref().write_vectored(rest) {
-                Ok(0) => return Err("the worker's pipe is closed".into()),
+                Ok(0) => return Err(PipeError("the worker's pipe is closed".into())),
                 Ok(n) => IoSlice::advance_slices(&mut rest, n),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => {
                     if polling.again() {
@@ -78,21 +87,21 @@ impl Pipes {
                     }
                     tokio::select! {
                         writable = self.to_worker.writable() => {
-                            writable.map_err(|e| format!("cannot write to the worker: {e}"))?.clear_ready();
+                            writable.map_err(|e| PipeError(format!("cannot write to the worker: {e}")))?.clear_ready();
                         }
                         readable = self.from_worker.readable() => {
-                            readable.map_err(|e| format!("cannot read from the worker: {e}"))?.clear_ready();
+                            readable.map_err(|e| PipeError(format!("cannot read from the worker: {e}")))?.clear_ready();
                             if self.read_now()? == Some(0) {
-                                return Err("the worker closed its pipe".into());
+                                return Err(PipeError("the worker closed its pipe".into()));
                             }
                             if self.pending.len() - self.start > read_cap {
-                                return Err(format!("the worker sent more than {read_cap} bytes without reading"));
+                                return Err(PipeError(format!("the worker sent more than {read_cap} bytes without reading")));
                             }
                         }
                     }
                 }
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(format!("cannot write to the worker: {e}")),
+                Err(e) => return Err(PipeError(format!("cannot write to the worker: {e}"))),
             }
         }
         Ok(())
@@ -108,7 +117,7 @@ impl Pipes {
 
     /// Reads what the worker sent, if anything: `Some(0)` at the end of the pipe, `None` when
     /// nothing is there now.
-    fn read_now(&mut self) -> Result<Option<usize>, FrameError> {
+    fn read_now(&mut self) -> Result<Option<usize>, PipeError> {
         loop {
             match self.from_worker.get_ref().read(&mut self.chunk) {
                 Ok(n) => {
@@ -117,7 +126,7 @@ impl Pipes {
                 }
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(format!("cannot read from the worker: {e}")),
+                Err(e) => return Err(PipeError(format!("cannot read from the worker: {e}"))),
             }
         }
     }
@@ -125,7 +134,7 @@ impl Pipes {
     /// The next frame, of at most `limit` bytes; `Ok(None)` when the worker closed its end
     /// between frames. With `spin`, it polls for a moment (see [`Spin`]) before it waits.
     /// Cancel-safe: what was read stays here for the next call.
-    pub(super) async fn frame(&mut self, limit: usize, spin: bool) -> Result<Option<ToParent>, FrameError> {
+    pub(super) async fn frame(&mut self, limit: usize, spin: bool) -> Result<Option<ToParent>, PipeError> {
         let mut polling = Spin::new(spin, SPIN);
         loop {
             if let Some(frame) = self.take_frame(limit)? {
@@ -133,12 +142,12 @@ impl Pipes {
             }
             match self.read_now()? {
                 Some(0) if self.start == self.pending.len() => return Ok(None),
-                Some(0) => return Err("the worker closed its pipe in the middle of a frame".into()),
+                Some(0) => return Err(PipeError("the worker closed its pipe in the middle of a frame".into())),
                 Some(_) => {}
                 None if polling.again() => {}
                 None => {
                     let ready = self.from_worker.readable().await;
-                    ready.map_err(|e| format!("cannot read from the worker: {e}"))?.clear_ready();
+                    ready.map_err(|e| PipeError(format!("cannot read from the worker: {e}")))?.clear_ready();
                 }
             }
         }
@@ -146,7 +155,7 @@ impl Pipes {
 
     /// A whole frame from what was read, if there is one. The length a worker announces is
     /// checked before anything more is read for it.
-    fn take_frame(&mut self, limit: usize) -> Result<Option<ToParent>, FrameError> {
+    fn take_frame(&mut self, limit: usize) -> Result<Option<ToParent>, PipeError> {
         let unread = &self.pending[self.start..];
         let Some(header) = unread.first_chunk::<4>() else {
             self.compact();
@@ -154,13 +163,15 @@ impl Pipes {
         };
         let length = u32::from_le_bytes(*header) as usize;
         if length > limit {
-            return Err(format!("the worker announced a frame of {length} bytes, over the run's limit of {limit}"));
+            return Err(PipeError(format!(
+                "the worker announced a frame of {length} bytes, over the run's limit of {limit}"
+            )));
         }
         let Some(body) = unread.get(4..4 + length) else {
             self.compact();
             return Ok(None);
         };
-        let frame = serde_json::from_slice(body).map_err(|e| format!("an unreadable frame: {e}"));
+        let frame = serde_json::from_slice(body).map_err(|e| PipeError(format!("an unreadable frame: {e}")));
         self.start += 4 + length;
         frame.map(Some)
     }

@@ -10,6 +10,7 @@
 
 use super::frame::encode_frame;
 use super::parent::Worker;
+use super::pipes::PipeError;
 use super::protocol::{Answer, CallOutcomeFrame, JobSpec, Settlement, ToChild, ToParent};
 use super::spin::Cores;
 use crate::bytecode_cache::CacheLookup;
@@ -219,7 +220,7 @@ async fn write_bytes(
 
 /// What the parent's half of a run waits for.
 enum Event {
-    Frame(Result<Option<ToParent>, String>),
+    Frame(Result<Option<ToParent>, PipeError>),
     /// A host call that waited has finished.
     Settled(u32, HostResult),
     Cancelled,

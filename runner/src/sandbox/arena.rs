@@ -155,7 +155,7 @@ pub(crate) struct Arena {
 
 impl Arena {
     /// Reserves the range and sets up an empty heap in it.
-    pub(crate) fn new() -> Result<Arena, String> {
+    pub(crate) fn new() -> std::io::Result<Arena> {
         let reserved = MAX_MEMORY_BYTES + ENGINE_ROOM;
         // SAFETY: a fresh private mapping; nothing else refers to it.
         let base = unsafe {
@@ -169,7 +169,7 @@ impl Arena {
             )
         };
         if base == libc::MAP_FAILED {
-            return Err(format!("cannot reserve the engine's heap: {}", std::io::Error::last_os_error()));
+            return Err(std::io::Error::last_os_error());
         }
         let base = base.cast::<u8>();
         let pages = Box::new(Pages {
@@ -184,7 +184,7 @@ impl Arena {
         let heap_start = align_up(size_of::<Heap>(), 64);
         let first_end = base.wrapping_add(heap_start + FIRST_HEAP);
         if !arena.pages.commit(first_end) {
-            return Err(format!("cannot commit the engine's heap: {}", std::io::Error::last_os_error()));
+            return Err(std::io::Error::last_os_error());
         }
         let growth = Growth { heap_end: ptr::null_mut(), pages: &*arena.pages };
         // SAFETY: the start of the range is writable, aligned and unused; the
@@ -192,7 +192,9 @@ impl Arena {
         unsafe {
             arena.heap.write(Talc::new(growth));
             let heap = &mut *arena.heap;
-            let end = heap.claim(base.add(heap_start), FIRST_HEAP).ok_or("the engine's first heap is too small")?;
+            let end = heap
+                .claim(base.add(heap_start), FIRST_HEAP)
+                .ok_or_else(|| std::io::Error::other("the engine's first heap is too small"))?;
             heap.source.heap_end = end.as_ptr();
         }
         arena.pages.high_water.set(arena.heap_end());

@@ -148,7 +148,8 @@ impl Engine {
             Ok::<_, RunError>((harden, classes))
         })?;
 
-        let arena = Rc::new(Arena::new().map_err(RunError::internal)?);
+        let arena =
+            Rc::new(Arena::new().map_err(|e| RunError::internal(format!("cannot set up the engine's heap: {e}")))?);
         let meter = HeapMeter::new();
         let runtime =
             Runtime::new_with_alloc(MeteredAllocator { meter: meter.clone(), blocks: arena.clone() }).map_err(start)?;
@@ -224,7 +225,7 @@ impl Engine {
     pub(crate) fn compile(&self, source: &str) -> Result<Bytecode, RunError> {
         self.compiler
             .with(|ctx| js::compile_script(&ctx, source))
-            .map_err(|message| RunError::new(ErrorCode::Error, message))
+            .map_err(|error| RunError::new(ErrorCode::Error, error.0))
     }
 
     /// Runs one job to its outcome.

@@ -24,9 +24,27 @@ impl Bytecode {
     }
 }
 
+/// Why a script did not compile: the engine's error text, positions mapped to the script.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct CompileError(pub String);
+
+impl std::fmt::Display for CompileError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for CompileError {}
+
+impl From<&str> for CompileError {
+    fn from(message: &str) -> CompileError {
+        CompileError(message.to_string())
+    }
+}
+
 /// Compiles `text` in `ctx` (which must have the eval intrinsic) to bytecode.
 /// On failure returns the engine's error text, positions already mapped.
-pub(crate) fn compile(ctx: &Ctx<'_>, text: &str, file: &str, line_offset: u32) -> Result<Bytecode, String> {
+pub(crate) fn compile(ctx: &Ctx<'_>, text: &str, file: &str, line_offset: u32) -> Result<Bytecode, CompileError> {
     let raw = ctx.as_raw().as_ptr();
     let Ok(input) = CString::new(text) else {
         return Err("SyntaxError: the source contains a NUL character".into());
@@ -46,7 +64,9 @@ pub(crate) fn compile(ctx: &Ctx<'_>, text: &str, file: &str, line_offset: u32) -
                 .eval::<Value, _>("Object.getOwnPropertyDescriptor(Error.prototype, 'stack')?.get")
                 .ok()
                 .and_then(|v| v.into_function());
-            return Err(describe_error(ctx, &error, stack.as_ref(), line_offset, &|_| "a non-error value".into()));
+            return Err(CompileError(describe_error(ctx, &error, stack.as_ref(), line_offset, &|_| {
+                "a non-error value".into()
+            })));
         }
         let mut size: qjs::size_t = 0;
         let buf = qjs::JS_WriteObject(raw, &mut size, compiled, qjs::JS_WRITE_OBJ_BYTECODE as i32);
@@ -98,9 +118,9 @@ fn parses(ctx: &Ctx<'_>, text: &str) -> bool {
 /// with a random label `L`: labels do not cross function boundaries and cannot be guessed, so
 /// that compiles only if the body ends inside the wrapper, where it began. (QuickJS's
 /// `AsyncFunction` constructor cannot do this check: it concatenates too, and evaluates.)
-pub(crate) fn compile_script(ctx: &Ctx<'_>, source: &str) -> Result<Bytecode, String> {
+pub(crate) fn compile_script(ctx: &Ctx<'_>, source: &str) -> Result<Bytecode, CompileError> {
     let mut nonce = [0u8; 8];
-    getrandom::fill(&mut nonce).map_err(|e| format!("InternalError: no randomness: {e}"))?;
+    getrandom::fill(&mut nonce).map_err(|e| CompileError(format!("InternalError: no randomness: {e}")))?;
     let label: String = nonce.iter().map(|b| format!("{b:02x}")).collect();
     let mut fenced = String::with_capacity(source.len() + 80);
     fenced.push_str(&format!("(async function () {{ fence_{label}: {{\n"));
@@ -115,7 +135,7 @@ pub(crate) fn compile_script(ctx: &Ctx<'_>, source: &str) -> Result<Bytecode, St
          function body, and nothing of it may run outside (this check reads top-level declarations as \
          block-scoped, so it also refuses a name declared twice at the top, such as `var f` with \
          `function f`: rename one)"
-        .to_owned())
+        .into())
 }
 
 /// Loads bytecode this process compiled and evaluates it in `ctx`.

@@ -520,7 +520,7 @@ fn fenced(e: sqlx::Error, fence: &Fence) -> Failure {
 async fn lock_run(conn: &mut PgConnection, id: &str) -> Tx<Option<RunStatus>> {
     let status: Option<String> =
         sqlx::query_scalar("SELECT status FROM runs WHERE id = $1 FOR UPDATE").bind(id).fetch_optional(conn).await?;
-    Ok(status.map(|s| RunStatus::from_str(&s).map_err(StoreError::Corrupt)).transpose()?)
+    Ok(status.map(|s| RunStatus::from_str(&s).map_err(StoreError::from)).transpose()?)
 }
 
 /// Locks the parent's row, if the run has a parent, and returns the parent's id. Taken before the
@@ -604,7 +604,7 @@ fn run_from_row(row: &PgRow) -> Result<RunInfo, StoreError> {
     Ok(RunInfo {
         id: RunId::from(get::<String>(row, "id")?),
         workflow: get(row, "workflow")?,
-        status: RunStatus::from_str(&status).map_err(StoreError::Corrupt)?,
+        status: RunStatus::from_str(&status).map_err(StoreError::from)?,
         input: parse_json(&get::<String>(row, "input")?)?,
         output: output.as_deref().map(parse_json).transpose()?,
         error: get(row, "error")?,
@@ -972,7 +972,7 @@ impl PgStore {
         .fetch_one(&self.pool)
         .await
         .map_err(|e| fenced(e, fence))?;
-        Ok(RunStatus::from_str(&status).map_err(StoreError::Corrupt)?)
+        Ok(RunStatus::from_str(&status).map_err(StoreError::from)?)
     }
 
     async fn finish_run_tx(&self, fence: &Fence, outcome: &RunOutcome) -> Tx<()> {
@@ -1175,7 +1175,7 @@ impl Store for PgStore {
                     Ok(Event {
                         run_id: id.clone(),
                         seq: get::<i64>(row, "seq")?.unsigned_abs(),
-                        kind: EventKind::from_str(&kind).map_err(StoreError::Corrupt)?,
+                        kind: EventKind::from_str(&kind).map_err(StoreError::from)?,
                         payload: parse_json(&get::<String>(row, "payload")?)?,
                         created_at: from_ms(get(row, "created_at")?),
                     })

@@ -533,7 +533,7 @@ fn run_from_row(row: &Row<'_>) -> Result<RunInfo, StoreError> {
     Ok(RunInfo {
         id: RunId::from(get::<String>(row, "id")?),
         workflow: get(row, "workflow")?,
-        status: RunStatus::from_str(&status).map_err(StoreError::Corrupt)?,
+        status: RunStatus::from_str(&status).map_err(StoreError::from)?,
         input: parse_json(&get::<String>(row, "input")?)?,
         output: output.as_deref().map(parse_json).transpose()?,
         error: get(row, "error")?,
@@ -816,7 +816,7 @@ impl Store for SqliteStore {
                         Ok(Event {
                             run_id: id.clone(),
                             seq: get::<i64>(row, "seq")?.unsigned_abs(),
-                            kind: EventKind::from_str(&kind).map_err(StoreError::Corrupt)?,
+                            kind: EventKind::from_str(&kind).map_err(StoreError::from)?,
                             payload: parse_json(&get::<String>(row, "payload")?)?,
                             created_at: from_ms(get(row, "created_at")?),
                         })
@@ -1226,7 +1226,7 @@ impl Store for SqliteStore {
                     Ok(status)
                 })
                 .await?;
-            RunStatus::from_str(&status).map_err(StoreError::Corrupt)
+            RunStatus::from_str(&status).map_err(StoreError::from)
         })
     }
 
@@ -1275,7 +1275,7 @@ impl Store for SqliteStore {
                 let Some(status) = status else {
                     return Err(StoreError::RunNotFound(id));
                 };
-                let status = RunStatus::from_str(&status).map_err(StoreError::Corrupt)?;
+                let status = RunStatus::from_str(&status).map_err(StoreError::from)?;
                 if status.is_terminal() {
                     return Ok(status);
                 }
