@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
-use resumable_runner::{ClaimId, ContinuationStore, StoreError, StoreFuture, StoredContinuation};
+use resumable_runner::{ClaimId, ContinuationStore, ContinuationStoreError, StoreFuture, StoredContinuation};
 
 use crate::db::{AppDb, DbError, Row, duration_ms, from_ms, now_ms, to_ms};
 use crate::fault::{self, FaultPoint};
@@ -18,15 +18,15 @@ pub struct SqlContinuationStore {
     db: AppDb,
 }
 
-fn backend(e: DbError) -> StoreError {
-    StoreError::Backend(e.0)
+fn backend(e: DbError) -> ContinuationStoreError {
+    ContinuationStoreError::Backend(e.0)
 }
 
 fn claim_text(claim: ClaimId) -> String {
     format!("{claim:032x}")
 }
 
-fn record(row: &Row) -> Result<StoredContinuation, StoreError> {
+fn record(row: &Row) -> Result<StoredContinuation, ContinuationStoreError> {
     Ok(StoredContinuation {
         audience: row.get("audience").map_err(backend)?,
         expires_at: from_ms(row.get("expires_at").map_err(backend)?),
@@ -47,9 +47,9 @@ impl SqlContinuationStore {
     /// it, and the engine fences the earlier attempt (only one attempt records the round's
     /// outcome; host functions see the same idempotency keys in both). Returns whether there was
     /// a claim or a use to undo.
-    pub async fn take_over(&self, token: &str) -> Result<bool, StoreError> {
+    pub async fn take_over(&self, token: &str) -> Result<bool, ContinuationStoreError> {
         let Some(key) = URL_SAFE_NO_PAD.decode(token).ok().filter(|k| k.len() == 32) else {
-            return Err(StoreError::NotFound);
+            return Err(ContinuationStoreError::NotFound);
         };
         let reopened = self
             .db
@@ -64,13 +64,13 @@ impl SqlContinuationStore {
     }
 
     /// Deletes continuations that expired before `now - grace`; returns how many.
-    pub async fn purge_expired(&self, grace: Duration) -> Result<u64, StoreError> {
+    pub async fn purge_expired(&self, grace: Duration) -> Result<u64, ContinuationStoreError> {
         let cutoff = now_ms().saturating_sub(duration_ms(grace));
         self.db.execute("DELETE FROM continuations WHERE expires_at < $1", vec![cutoff.into()]).await.map_err(backend)
     }
 
     /// Why `key` could not be acquired, consumed or released: the row's current state.
-    async fn diagnose(&self, key: &[u8; 32], claim: Option<ClaimId>) -> StoreError {
+    async fn diagnose(&self, key: &[u8; 32], claim: Option<ClaimId>) -> ContinuationStoreError {
         let row = self
             .db
             .fetch_optional(
@@ -80,7 +80,7 @@ impl SqlContinuationStore {
             .await;
         let row = match row {
             Ok(Some(row)) => row,
-            Ok(None) => return StoreError::NotFound,
+            Ok(None) => return ContinuationStoreError::NotFound,
             Err(e) => return backend(e),
         };
         let status: String = row.get("status").unwrap_or_default();
@@ -89,11 +89,11 @@ impl SqlContinuationStore {
         let expires_at: i64 = row.get("expires_at").unwrap_or_default();
         let now = now_ms();
         match (status.as_str(), claim) {
-            ("consumed", _) => StoreError::Consumed,
-            (_, None) if expires_at <= now => StoreError::Expired,
-            ("claimed", None) if until.is_some_and(|u| u > now) => StoreError::Claimed,
-            (_, Some(c)) if holder != Some(claim_text(c)) => StoreError::ClaimLost,
-            _ => StoreError::Backend(format!("continuation in unexpected state {status:?}")),
+            ("consumed", _) => ContinuationStoreError::Consumed,
+            (_, None) if expires_at <= now => ContinuationStoreError::Expired,
+            ("claimed", None) if until.is_some_and(|u| u > now) => ContinuationStoreError::Claimed,
+            (_, Some(c)) if holder != Some(claim_text(c)) => ContinuationStoreError::ClaimLost,
+            _ => ContinuationStoreError::Backend(format!("continuation in unexpected state {status:?}")),
         }
     }
 }
@@ -116,7 +116,7 @@ impl ContinuationStore for SqlContinuationStore {
                 )
                 .await
                 .map_err(backend)?;
-            if inserted == 1 { Ok(()) } else { Err(StoreError::Duplicate) }
+            if inserted == 1 { Ok(()) } else { Err(ContinuationStoreError::Duplicate) }
         })
     }
 
@@ -226,18 +226,22 @@ mod tests {
         assert!(!store.take_over(&token).await.unwrap(), "an unused token has nothing to take over");
         // Attempt 1 claims for ten minutes and is never heard from again.
         store.acquire(key, 1, lease).await.unwrap();
-        assert_eq!(store.acquire(key, 2, lease).await, Err(StoreError::Claimed), "another resumer is refused");
+        assert_eq!(
+            store.acquire(key, 2, lease).await,
+            Err(ContinuationStoreError::Claimed),
+            "another resumer is refused"
+        );
         // Attempt 2 takes the claim over at once and proceeds; attempt 1 can no longer use it.
         assert!(store.take_over(&token).await.unwrap());
         assert_eq!(store.acquire(key, 3, lease).await.unwrap().state, vec![9]);
-        assert_eq!(store.consume(key, 1).await, Err(StoreError::ClaimLost));
-        assert_eq!(store.acquire(key, 4, lease).await, Err(StoreError::Claimed));
+        assert_eq!(store.consume(key, 1).await, Err(ContinuationStoreError::ClaimLost));
+        assert_eq!(store.acquire(key, 4, lease).await, Err(ContinuationStoreError::Claimed));
         store.consume(key, 3).await.unwrap();
-        assert_eq!(store.acquire(key, 4, lease).await, Err(StoreError::Consumed));
+        assert_eq!(store.acquire(key, 4, lease).await, Err(ContinuationStoreError::Consumed));
         // Attempt 3, after attempt 2 consumed it and died before recording its outcome.
         assert!(store.take_over(&token).await.unwrap());
         store.acquire(key, 5, lease).await.unwrap();
         store.consume(key, 5).await.unwrap();
-        assert_eq!(store.take_over("not-a-token").await, Err(StoreError::NotFound));
+        assert_eq!(store.take_over("not-a-token").await, Err(ContinuationStoreError::NotFound));
     }
 }

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// A place where a fault-injection test can make the process die.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum FaultPoint {
     /// A resume just claimed its stored continuation (`continuation-claimed`).
     ContinuationClaimed,

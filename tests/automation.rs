@@ -291,7 +291,7 @@ async fn a_claim_left_by_a_dead_attempt_is_taken_over_by_the_next_attempt_of_the
     store.acquire(key, 7, Duration::from_secs(600)).await.unwrap();
     assert_eq!(
         store.acquire(key, 8, Duration::from_secs(600)).await,
-        Err(resumable_runner::StoreError::Claimed),
+        Err(resumable_runner::ContinuationStoreError::Claimed),
         "a different resumer is refused"
     );
     // The round's first attempt finds the token claimed; the next attempt takes it over at once.

@@ -18,6 +18,7 @@ const HIDDEN_MESSAGE: &str = "host function failed";
 ///   whose `code` is [`HOST_FUNCTION_ERROR_CODE`]. Only the public message and
 ///   details reach the script; the internal cause stays with the embedder.
 #[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
 pub enum HostError {
     /// Pause the run with this JSON payload (shown to whoever decides).
     Interrupt(Value),

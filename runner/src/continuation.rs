@@ -10,7 +10,7 @@ use crate::ledger_feed::{FeedItem, FeedSender, LedgerFeed};
 use crate::limits::{Limit, Limits};
 use crate::outcome::Interruption;
 use crate::state::{ContinuationState, Parsed, StateHead, StateParser};
-use crate::store::{ClaimId, ContinuationStore, StoreError, StoredContinuation};
+use crate::store::{ClaimId, ContinuationStore, ContinuationStoreError, StoredContinuation};
 use base64::Engine as _;
 use base64::engine::general_purpose::URL_SAFE_NO_PAD;
 use serde::Serialize;
@@ -21,6 +21,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 /// How a runner turns paused state into tokens.
 #[derive(Clone, Debug)]
+#[non_exhaustive]
 pub enum ContinuationCodec {
     /// HMAC-signed, self-contained tokens (readable, not confidential).
     Signed(SignedCodec),
@@ -144,14 +145,14 @@ fn rejected(reason: impl fmt::Display) -> RunError {
     RunError::protocol(format!("continuation rejected: {reason}"))
 }
 
-fn store_error(error: StoreError) -> RunError {
+fn store_error(error: ContinuationStoreError) -> RunError {
     match error {
-        StoreError::Backend(message) => {
+        ContinuationStoreError::Backend(message) => {
             RunError::internal(format!("the continuation store failed: {message}")).retryable(true)
         }
         // A claim is held for a while only: once it ends, or its holder gives it up, the same
         // resume can succeed.
-        StoreError::Claimed => rejected(StoreError::Claimed).retryable(true),
+        ContinuationStoreError::Claimed => rejected(ContinuationStoreError::Claimed).retryable(true),
         other => rejected(other),
     }
 }

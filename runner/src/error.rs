@@ -7,6 +7,7 @@ use std::fmt;
 /// Stable error codes. The string form (`RUN_TIMEOUT`, …) is part of the API.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, serde::Deserialize)]
 #[serde(into = "&'static str", try_from = "String")]
+#[non_exhaustive]
 pub enum ErrorCode {
     /// Uncaught guest error or syntax error (or an internal failure, then retryable).
     Error,

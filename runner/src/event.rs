@@ -18,6 +18,7 @@ pub const EVENT_VALUE_BYTES: usize = 16 * 1024;
 /// `interrupted` or `failed`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum RunEvent {
     /// The script called a host function, and the host function is now running.
     CallStarted {
@@ -81,6 +82,7 @@ pub enum RunEvent {
 /// How a live host call settled.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum CallSettlement {
     /// The host function returned a value.
     Fulfilled {

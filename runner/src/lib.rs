@@ -36,7 +36,7 @@ pub use continuation::{ContinuationCodec, Inspection, StoredCodec};
 pub use resumable_host as host;
 pub use runner::{DEFAULT_AUDIENCE, RunRequest, Runner, RunnerConfig};
 pub use store::{
-    ClaimId, ContinuationStore, MemoryContinuationStore, StoreError, StoreFuture, StoredContinuation,
+    ClaimId, ContinuationStore, ContinuationStoreError, MemoryContinuationStore, StoreFuture, StoredContinuation,
     check_continuation_store,
 };
 

@@ -9,6 +9,7 @@ const GIB: u64 = 1024 * MIB;
 
 /// One configurable limit.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Limit {
     /// Wall-clock time of the whole run, host calls included (milliseconds).
     Timeout,

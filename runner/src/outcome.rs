@@ -3,7 +3,8 @@
 use serde::Serialize;
 use serde_json::Value;
 
-/// A run either completes or pauses on one or more interruptions.
+/// A run either completes or pauses on one or more interruptions. (Deliberately exhaustive: a
+/// caller must handle both, and a third way for a run to end would rightly break its match.)
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 pub enum Outcome {
@@ -93,6 +94,7 @@ impl Resolution {
 /// Severity of a console line.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum ConsoleLevel {
     /// `console.log` and `console.debug`.
     Log,

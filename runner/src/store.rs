@@ -15,7 +15,7 @@ use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 /// The future every store operation returns.
-pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, StoreError>> + Send + 'a>>;
+pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ContinuationStoreError>> + Send + 'a>>;
 
 /// Identifies one claim, so only its holder can consume or release it.
 pub type ClaimId = u128;
@@ -43,7 +43,8 @@ impl fmt::Debug for StoredContinuation {
 
 /// Why a store operation failed.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum StoreError {
+#[non_exhaustive]
+pub enum ContinuationStoreError {
     /// No continuation under this key.
     NotFound,
     /// Someone else holds an unexpired claim on it.
@@ -60,21 +61,21 @@ pub enum StoreError {
     Backend(String),
 }
 
-impl fmt::Display for StoreError {
+impl fmt::Display for ContinuationStoreError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            StoreError::NotFound => f.write_str("no such continuation"),
-            StoreError::Claimed => f.write_str("the continuation is being resumed by someone else"),
-            StoreError::Consumed => f.write_str("the continuation was used already"),
-            StoreError::Expired => f.write_str("the continuation has expired"),
-            StoreError::ClaimLost => f.write_str("the claim on the continuation expired and was lost"),
-            StoreError::Duplicate => f.write_str("a continuation with this key exists already"),
-            StoreError::Backend(message) => write!(f, "continuation store failed: {message}"),
+            ContinuationStoreError::NotFound => f.write_str("no such continuation"),
+            ContinuationStoreError::Claimed => f.write_str("the continuation is being resumed by someone else"),
+            ContinuationStoreError::Consumed => f.write_str("the continuation was used already"),
+            ContinuationStoreError::Expired => f.write_str("the continuation has expired"),
+            ContinuationStoreError::ClaimLost => f.write_str("the claim on the continuation expired and was lost"),
+            ContinuationStoreError::Duplicate => f.write_str("a continuation with this key exists already"),
+            ContinuationStoreError::Backend(message) => write!(f, "continuation store failed: {message}"),
         }
     }
 }
 
-impl std::error::Error for StoreError {}
+impl std::error::Error for ContinuationStoreError {}
 
 /// Atomic storage for single-use continuations. Implementations must make
 /// `acquire` exclusive: of any number of concurrent calls for one key, at most
@@ -116,7 +117,10 @@ impl MemoryContinuationStore {
         Self::default()
     }
 
-    fn with<T>(&self, f: impl FnOnce(&mut HashMap<[u8; 32], Entry>) -> Result<T, StoreError>) -> Result<T, StoreError> {
+    fn with<T>(
+        &self,
+        f: impl FnOnce(&mut HashMap<[u8; 32], Entry>) -> Result<T, ContinuationStoreError>,
+    ) -> Result<T, ContinuationStoreError> {
         let mut entries = self.entries.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         f(&mut entries)
     }
@@ -135,7 +139,7 @@ impl ContinuationStore for MemoryContinuationStore {
             let now = SystemTime::now();
             entries.retain(|_, e| e.record.expires_at > now);
             if entries.contains_key(&key) {
-                return Err(StoreError::Duplicate);
+                return Err(ContinuationStoreError::Duplicate);
             }
             entries.insert(key, Entry { record, status: Status::Available });
             Ok(())
@@ -145,14 +149,14 @@ impl ContinuationStore for MemoryContinuationStore {
 
     fn acquire(&self, key: [u8; 32], claim: ClaimId, lease: Duration) -> StoreFuture<'_, StoredContinuation> {
         let result = self.with(|entries| {
-            let entry = entries.get_mut(&key).ok_or(StoreError::NotFound)?;
+            let entry = entries.get_mut(&key).ok_or(ContinuationStoreError::NotFound)?;
             let now = SystemTime::now();
             if entry.record.expires_at <= now {
-                return Err(StoreError::Expired);
+                return Err(ContinuationStoreError::Expired);
             }
             match entry.status {
-                Status::Consumed => return Err(StoreError::Consumed),
-                Status::Claimed { until, .. } if until > now => return Err(StoreError::Claimed),
+                Status::Consumed => return Err(ContinuationStoreError::Consumed),
+                Status::Claimed { until, .. } if until > now => return Err(ContinuationStoreError::Claimed),
                 Status::Claimed { .. } | Status::Available => {}
             }
             entry.status = Status::Claimed { claim, until: now + lease };
@@ -163,14 +167,14 @@ impl ContinuationStore for MemoryContinuationStore {
 
     fn consume(&self, key: [u8; 32], claim: ClaimId) -> StoreFuture<'_, ()> {
         let result = self.with(|entries| {
-            let entry = entries.get_mut(&key).ok_or(StoreError::NotFound)?;
+            let entry = entries.get_mut(&key).ok_or(ContinuationStoreError::NotFound)?;
             match entry.status {
                 Status::Claimed { claim: current, .. } if current == claim => {
                     entry.status = Status::Consumed;
                     Ok(())
                 }
-                Status::Consumed => Err(StoreError::Consumed),
-                _ => Err(StoreError::ClaimLost),
+                Status::Consumed => Err(ContinuationStoreError::Consumed),
+                _ => Err(ContinuationStoreError::ClaimLost),
             }
         });
         Box::pin(async move { result })
@@ -178,14 +182,14 @@ impl ContinuationStore for MemoryContinuationStore {
 
     fn release(&self, key: [u8; 32], claim: ClaimId) -> StoreFuture<'_, ()> {
         let result = self.with(|entries| {
-            let entry = entries.get_mut(&key).ok_or(StoreError::NotFound)?;
+            let entry = entries.get_mut(&key).ok_or(ContinuationStoreError::NotFound)?;
             match entry.status {
                 Status::Claimed { claim: current, .. } if current == claim => {
                     entry.status = Status::Available;
                     Ok(())
                 }
-                Status::Consumed => Err(StoreError::Consumed),
-                _ => Err(StoreError::ClaimLost),
+                Status::Consumed => Err(ContinuationStoreError::Consumed),
+                _ => Err(ContinuationStoreError::ClaimLost),
             }
         });
         Box::pin(async move { result })
@@ -193,10 +197,10 @@ impl ContinuationStore for MemoryContinuationStore {
 
     fn peek(&self, key: [u8; 32]) -> StoreFuture<'_, StoredContinuation> {
         let result = self.with(|entries| {
-            let entry = entries.get(&key).ok_or(StoreError::NotFound)?;
+            let entry = entries.get(&key).ok_or(ContinuationStoreError::NotFound)?;
             match entry.status {
-                Status::Consumed => Err(StoreError::Consumed),
-                _ if entry.record.expires_at <= SystemTime::now() => Err(StoreError::Expired),
+                Status::Consumed => Err(ContinuationStoreError::Consumed),
+                _ if entry.record.expires_at <= SystemTime::now() => Err(ContinuationStoreError::Expired),
                 _ => Ok(entry.record.clone()),
             }
         });
@@ -218,26 +222,26 @@ pub async fn check_continuation_store(store: &dyn ContinuationStore) {
     let lease = Duration::from_secs(5);
     let key = [7u8; 32];
     store.set(key, record(Duration::from_secs(60))).await.unwrap();
-    assert_eq!(store.set(key, record(Duration::from_secs(60))).await, Err(StoreError::Duplicate));
+    assert_eq!(store.set(key, record(Duration::from_secs(60))).await, Err(ContinuationStoreError::Duplicate));
     assert_eq!(store.peek(key).await.unwrap().state, vec![1, 2, 3]);
     assert_eq!(store.acquire(key, 1, lease).await.unwrap().state, vec![1, 2, 3]);
-    assert_eq!(store.acquire(key, 2, lease).await, Err(StoreError::Claimed));
-    assert_eq!(store.consume(key, 2).await, Err(StoreError::ClaimLost));
+    assert_eq!(store.acquire(key, 2, lease).await, Err(ContinuationStoreError::Claimed));
+    assert_eq!(store.consume(key, 2).await, Err(ContinuationStoreError::ClaimLost));
     store.release(key, 1).await.unwrap();
     store.acquire(key, 3, lease).await.unwrap();
     store.consume(key, 3).await.unwrap();
-    assert_eq!(store.acquire(key, 4, lease).await, Err(StoreError::Consumed));
-    assert_eq!(store.peek(key).await, Err(StoreError::Consumed));
-    assert_eq!(store.acquire([0; 32], 5, lease).await, Err(StoreError::NotFound));
+    assert_eq!(store.acquire(key, 4, lease).await, Err(ContinuationStoreError::Consumed));
+    assert_eq!(store.peek(key).await, Err(ContinuationStoreError::Consumed));
+    assert_eq!(store.acquire([0; 32], 5, lease).await, Err(ContinuationStoreError::NotFound));
 
     let key = [9u8; 32];
     store.set(key, record(Duration::from_secs(60))).await.unwrap();
     store.acquire(key, 1, Duration::ZERO).await.unwrap();
     store.acquire(key, 2, lease).await.unwrap();
-    assert_eq!(store.consume(key, 1).await, Err(StoreError::ClaimLost), "the old claimant lost it");
+    assert_eq!(store.consume(key, 1).await, Err(ContinuationStoreError::ClaimLost), "the old claimant lost it");
     let old = [8u8; 32];
     store.set(old, record(Duration::ZERO)).await.unwrap();
-    assert_eq!(store.acquire(old, 1, lease).await, Err(StoreError::Expired));
+    assert_eq!(store.acquire(old, 1, lease).await, Err(ContinuationStoreError::Expired));
 }
 
 #[cfg(test)]

@@ -37,6 +37,7 @@ pub struct DecisionBatch {
 
 /// Why a batch cannot be applied to a round.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum InvalidDecisions {
     /// The batch is empty.
     Empty,

@@ -223,6 +223,7 @@ fn console_of(event: &Value) -> Vec<Value> {
 
 /// An error of the automation service. Each maps to one HTTP status.
 #[derive(Clone, Debug, PartialEq)]
+#[non_exhaustive]
 pub enum AutomationError {
     /// No automation with this id.
     NotFound,

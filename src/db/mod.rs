@@ -57,6 +57,7 @@ const RECORD_MIGRATION: &str = "INSERT INTO app_schema_migrations (version, name
 
 /// Which database an [`AppDb`] talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Backend {
     /// A SQLite file.
     Sqlite,

@@ -10,6 +10,7 @@ use super::DbError;
 /// NULL is typed as PostgreSQL expects; build them with `From` (`42.into()`, `"text".into()`,
 /// `None::<String>.into()`).
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Param {
     /// A 64-bit integer (`BIGINT` / `INTEGER`), or NULL.
     Int(Option<i64>),
@@ -80,6 +81,7 @@ impl rusqlite::ToSql for Param {
 
 /// A value read from a result column.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SqlValue {
     /// NULL.
     Null,

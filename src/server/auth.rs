@@ -16,6 +16,7 @@ use super::throttle::client_ip;
 /// What a caller may do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Role {
     /// Submit and cancel automations, read them.
     Submitter,

@@ -42,6 +42,7 @@ pub struct CommandRequest {
 /// A failed session request: the caller's errors (auth, role, body) keep their own status and
 /// code; a session that is gone is 410 with what happened and how to go on.
 #[derive(Debug)]
+#[non_exhaustive]
 pub enum Failure {
     /// An ordinary API error.
     Api(ApiError),

@@ -82,6 +82,7 @@ impl Default for SessionOptions {
 
 /// Why a session request failed.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum SessionError {
     /// The session ended, or the caller's tenant has no session with this id.
     Gone {

@@ -39,6 +39,7 @@ pub struct SessionInput {
 /// What the session's hook receives.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum SessionMessage {
     /// Run a script.
     Command {

@@ -56,6 +56,7 @@ pub struct StepFailure {
 ///
 /// A workflow function that returns `Err` fails its run with the error's message.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum WorkflowError {
     /// A step failed for good.
     Step(StepFailure),
@@ -138,6 +139,7 @@ impl From<UnknownName> for StoreError {
 
 /// An error of a [`Store`](crate::Store) backend.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StoreError {
     /// The execution's lease was taken over, or the run ended or was cancelled: the write was refused.
     LeaseLost {
@@ -170,6 +172,7 @@ impl std::error::Error for StoreError {}
 
 /// An error of the [`Engine`](crate::Engine) API.
 #[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum EngineError {
     /// No workflow of this name is registered with the engine.
     UnknownWorkflow(String),

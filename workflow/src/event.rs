@@ -11,6 +11,7 @@ use crate::ids::RunId;
 
 /// What an event records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum EventKind {
     /// The run was created (payload: workflow, input, idempotency key).
     RunCreated,

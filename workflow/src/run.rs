@@ -13,6 +13,7 @@ use crate::ids::RunId;
 /// The lifecycle state of a run.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum RunStatus {
     /// Created, not yet claimed by a worker, or runnable again after a wake-up.
     Pending,

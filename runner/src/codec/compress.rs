@@ -86,6 +86,7 @@ const MAX_EXPANSION: u64 = 128 * 1024 / 4;
 
 /// Why [`decompress`] refused its input.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum DecompressError {
     /// The state would be larger than the allowed maximum.
     TooLarge,

@@ -20,6 +20,7 @@ impl std::error::Error for CodecConfigError {}
 ///
 /// The variants are listed in the order in which a decoder checks them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum TokenRejection {
     /// The token is longer than the configured maximum size.
     TooLarge,

@@ -48,6 +48,7 @@ const STATEMENT_CACHE: usize = 64;
 
 /// How hard SQLite works to make a commit durable (`PRAGMA synchronous`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Synchronous {
     /// `FULL`: a committed transaction survives a power loss (the default).
     #[default]
