@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use resumable::automation::{Automations, DEFAULT_CONCURRENCY, Decision, DecisionBatch};
 use resumable::db::AppDb;
 use resumable::orders::OrderBook;
-use resumable_workflow::{RunId, RunStatus};
+use resumable::workflow::{RunId, RunStatus};
 use serde_json::{Value, json};
 use tokio::sync::Semaphore;
 
@@ -45,7 +45,7 @@ fn stats(mut xs: Vec<f64>) -> Value {
 
 /// Waits (on the engine's change notifications) until the automation waits for a decision or ended.
 async fn settled(automations: &Automations, id: &RunId) -> resumable::automation::AutomationView {
-    let live = |r: &resumable_workflow::RunInfo| r.status == RunStatus::Waiting || r.status.is_terminal();
+    let live = |r: &resumable::workflow::RunInfo| r.status == RunStatus::Waiting || r.status.is_terminal();
     automations.engine().wait_until(id, Duration::from_secs(120), live).await.expect("the automation settles");
     automations.get("bench", id).await.expect("read the automation")
 }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use resumable::automation::{Automations, Decision, DecisionBatch};
 use resumable::db::AppDb;
 use resumable::orders::OrderBook;
-use resumable_workflow::RunStatus;
+use resumable::workflow::RunStatus;
 use serde_json::Value;
 
 const SCRIPT: &str = r#"

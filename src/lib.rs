@@ -3,7 +3,11 @@
 //!
 //! This crate is the facade over the workspace:
 //! * [`host`] — the trusted boundary: namespaced async host functions;
-//! * [`runner`] — the sandbox, limits, replay and continuation codecs.
+//! * [`runner`] — the sandbox, limits, replay and continuation codecs;
+//! * [`workflow`] — the durable engine: runs, steps, hooks and their stores;
+//!
+//! and the application built on them: [`automation`] (approval-gated scripts), [`session`],
+//! [`server`] (the HTTP approval service), [`db`] and [`orders`] (the demo order system).
 //!
 //! The most used names are re-exported at the top level.
 //!
@@ -48,6 +52,7 @@ mod testing;
 
 pub use resumable_host as host;
 pub use resumable_runner as runner;
+pub use resumable_workflow as workflow;
 
 pub use resumable_host::{CancelSignal, HostCallContext, HostError, HostFunctions, Resume};
 pub use resumable_runner::codec::{SignedCodec, SignedCodecConfig};
