@@ -1,7 +1,7 @@
 //! The HTTP approval service: submit scripts, list and decide approvals, follow events.
 //!
 //! The API is under `/v1` and speaks JSON; callers authenticate with bearer API keys that map to
-//! an actor with a tenant and roles. See the README for the endpoints and status codes. Next to it,
+//! an actor with a tenant and roles. See `docs/api.md` for the endpoints and status codes. Next to it,
 //! [`inbox`] serves HTML pages at `/` where people sign in with their key and decide approvals.
 
 mod auth;

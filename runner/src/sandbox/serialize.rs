@@ -2,7 +2,7 @@
 //!
 //! The walker never calls a getter, `toJSON`, a proxy trap or an iterator: it
 //! reads own data properties through the engine's descriptor API and refuses
-//! everything that is not plain data. Rules (also in the README):
+//! everything that is not plain data. Rules (also in `docs/security.md`):
 //!
 //! | value | crosses as |
 //! |---|---|
