@@ -26,21 +26,21 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use resumable_workflow::migrations::{Migration, migrate_postgres};
 use resumable_workflow::{SqliteStore, Store, StoreError};
-use sqlx::Executor as _;
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
 use postgres::{pg_columns, pg_query, pg_row};
 use sqlite::{sqlite_execute, sqlite_fetch, sqlite_migrate, sqlite_transaction};
 
-/// The schema versions of each backend: (version, name, SQL).
-const SQLITE_MIGRATIONS: &[(i64, &str, &str)] = &[
-    (1, "app", include_str!("../../migrations/app/sqlite/0001_app.sql")),
-    (2, "sessions", include_str!("../../migrations/app/sqlite/0002_sessions.sql")),
+/// The application's migrations on each backend, recorded in [`MIGRATIONS_TABLE`].
+const SQLITE_MIGRATIONS: &[Migration] = &[
+    Migration::new(1, "app", include_str!("../../migrations/app/sqlite/0001_app.sql")),
+    Migration::new(2, "sessions", include_str!("../../migrations/app/sqlite/0002_sessions.sql")),
 ];
-const POSTGRES_MIGRATIONS: &[(i64, &str, &str)] = &[
-    (1, "app", include_str!("../../migrations/app/postgres/0001_app.sql")),
-    (2, "sessions", include_str!("../../migrations/app/postgres/0002_sessions.sql")),
+const POSTGRES_MIGRATIONS: &[Migration] = &[
+    Migration::new(1, "app", include_str!("../../migrations/app/postgres/0001_app.sql")),
+    Migration::new(2, "sessions", include_str!("../../migrations/app/postgres/0002_sessions.sql")),
 ];
 
 /// A lock id for PostgreSQL's advisory lock around migrations ("resumable-app").
@@ -49,11 +49,8 @@ const MIGRATION_LOCK: i64 = 0x7265_7375_6d61_7070;
 /// The application's connections to PostgreSQL.
 const POSTGRES_CONNECTIONS: u32 = 8;
 
-/// The table of the application's applied migrations (the same on both backends).
-const CREATE_MIGRATIONS_TABLE: &str = "CREATE TABLE IF NOT EXISTS app_schema_migrations (
-    version BIGINT PRIMARY KEY NOT NULL, name TEXT NOT NULL, applied_at BIGINT NOT NULL)";
-const CURRENT_VERSION: &str = "SELECT COALESCE(MAX(version), 0) FROM app_schema_migrations";
-const RECORD_MIGRATION: &str = "INSERT INTO app_schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)";
+/// The table of the application's applied migrations (the workflow store keeps its own).
+const MIGRATIONS_TABLE: &str = "app_schema_migrations";
 
 /// Which database an [`AppDb`] talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -239,29 +236,12 @@ impl AppDb {
                 let mut tx = pool.begin().await?;
                 // Several processes may open a fresh database at once.
                 sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(MIGRATION_LOCK).execute(&mut *tx).await?;
-                sqlx::query(CREATE_MIGRATIONS_TABLE).execute(&mut *tx).await?;
-                let current: i64 = sqlx::query_scalar(CURRENT_VERSION).fetch_one(&mut *tx).await?;
-                for &(version, name, sql) in pending(POSTGRES_MIGRATIONS, current)? {
-                    tx.execute(sql).await?;
-                    sqlx::query(RECORD_MIGRATION).bind(version).bind(name).bind(now_ms()).execute(&mut *tx).await?;
-                }
+                migrate_postgres(&mut tx, MIGRATIONS_TABLE, POSTGRES_MIGRATIONS).await?;
                 tx.commit().await?;
                 Ok(())
             }
         }
     }
-}
-
-/// The migrations after version `current`; an error if `current` is newer than them all.
-fn pending(
-    migrations: &'static [(i64, &'static str, &'static str)],
-    current: i64,
-) -> Result<impl Iterator<Item = &'static (i64, &'static str, &'static str)>, DbError> {
-    let latest = migrations.last().map_or(0, |m| m.0);
-    if current > latest {
-        return Err(DbError(format!("application schema version {current} is newer than this build ({latest})")));
-    }
-    Ok(migrations.iter().filter(move |m| m.0 > current))
 }
 
 /// The current time in milliseconds since the Unix epoch.
@@ -364,6 +344,18 @@ mod tests {
             assert_eq!(db.fetch_all("SELECT k FROM t", vec![]).await.unwrap().len(), 1);
         })
         .await;
+    }
+
+    /// The application's tables go through the same migration runner as the workflow store's: an
+    /// edited migration is refused with what to do.
+    #[tokio::test]
+    async fn an_edited_migration_is_refused() {
+        let temp = TempDb::sqlite().await;
+        let db = temp.open().await;
+        db.execute("UPDATE app_schema_migrations SET checksum = 'edited' WHERE version = 1", vec![]).await.unwrap();
+        drop(db);
+        let err = AppDb::open(&temp.url()).await.unwrap_err();
+        assert!(err.0.contains("migration 1 (app) was changed"), "{err}");
     }
 
     #[tokio::test]

@@ -2,13 +2,11 @@
 
 use std::sync::Arc;
 
+use resumable_workflow::migrations::migrate_sqlite;
 use resumable_workflow::{SqliteStore, StoreError};
 use rusqlite::types::ValueRef;
 
-use super::{
-    CREATE_MIGRATIONS_TABLE, CURRENT_VERSION, DbError, Param, RECORD_MIGRATION, Row, SQLITE_MIGRATIONS, SqlValue, Step,
-    TxOutcome, now_ms, pending,
-};
+use super::{DbError, MIGRATIONS_TABLE, Param, Row, SQLITE_MIGRATIONS, SqlValue, Step, TxOutcome};
 
 /// A SQLite error inside a [`SqliteStore`] closure.
 pub(super) fn sqlite(e: rusqlite::Error) -> StoreError {
@@ -17,13 +15,7 @@ pub(super) fn sqlite(e: rusqlite::Error) -> StoreError {
 
 /// The SQLite migrations, in the store's write transaction.
 pub(super) fn sqlite_migrate(conn: &rusqlite::Connection) -> Result<(), StoreError> {
-    conn.execute_batch(CREATE_MIGRATIONS_TABLE).map_err(sqlite)?;
-    let current: i64 = conn.query_row(CURRENT_VERSION, [], |row| row.get(0)).map_err(sqlite)?;
-    for &(version, name, sql) in pending(SQLITE_MIGRATIONS, current).map_err(|e| StoreError::Database(e.0))? {
-        conn.execute_batch(sql).map_err(sqlite)?;
-        sqlite_execute(conn, RECORD_MIGRATION, &[version.into(), name.into(), now_ms().into()])?;
-    }
-    Ok(())
+    migrate_sqlite(conn, MIGRATIONS_TABLE, SQLITE_MIGRATIONS)
 }
 
 /// Runs a statement that returns rows on SQLite: a `SELECT` on a read connection, anything else

@@ -41,6 +41,7 @@ mod execution;
 mod failure_log;
 mod hook;
 mod ids;
+pub mod migrations;
 mod registry;
 mod run;
 mod step;

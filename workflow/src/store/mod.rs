@@ -474,15 +474,3 @@ pub trait Store: Send + Sync + 'static {
         limit: u32,
     ) -> BoxFuture<'a, Result<Vec<(u64, Value)>, StoreError>>;
 }
-
-/// Fails when the database was migrated by a newer build than this one (`migrations` are this
-/// build's, in order).
-pub(crate) fn refuse_newer_schema(current: i64, migrations: &[(i64, &str, &str)]) -> Result<(), StoreError> {
-    let latest = migrations.last().map_or(0, |m| m.0);
-    if current > latest {
-        return Err(StoreError::Corrupt(format!(
-            "database schema version {current} is newer than this build knows ({latest})"
-        )));
-    }
-    Ok(())
-}

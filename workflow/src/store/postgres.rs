@@ -35,22 +35,23 @@ use tokio::task::JoinHandle;
 use super::{
     BoxFuture, ClaimRequest, ClaimedRun, CreatedRun, EmitRecord, Fence, HookCreation, HookPayload, HookRecord,
     HookState, NewRun, OpRecord, RunHistory, RunOutcome, StepRecord, StepState, StepUpdate, Store, WaitRecord,
-    WaitResolution, WaitState, WakeHints, refuse_newer_schema,
+    WaitResolution, WaitState, WakeHints,
 };
 use crate::error::StoreError;
 use crate::event::{Event, EventKind};
 use crate::hook::{HookInfo, ResumeReceipt};
 use crate::ids::RunId;
+use crate::migrations::{Migration, migrate_postgres};
 use crate::run::{RunCursor, RunFilter, RunInfo, RunPage, RunStatus};
 use crate::time::{Millis, duration_ms, from_ms, now_ms, to_ms};
 
 /// The embedded migrations, applied in order at open: (version, name, SQL).
-const MIGRATIONS: &[(i64, &str, &str)] = &[
-    (1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
-    (2, "step_functions", include_str!("../../migrations/postgres/0002_step_functions.sql")),
-    (3, "more_functions", include_str!("../../migrations/postgres/0003_more_functions.sql")),
-    (4, "finish_run_function", include_str!("../../migrations/postgres/0004_finish_run_function.sql")),
-    (5, "step_failures", include_str!("../../migrations/postgres/0005_step_failures.sql")),
+const MIGRATIONS: &[Migration] = &[
+    Migration::new(1, "init", include_str!("../../migrations/postgres/0001_init.sql")),
+    Migration::new(2, "step_functions", include_str!("../../migrations/postgres/0002_step_functions.sql")),
+    Migration::new(3, "more_functions", include_str!("../../migrations/postgres/0003_more_functions.sql")),
+    Migration::new(4, "finish_run_function", include_str!("../../migrations/postgres/0004_finish_run_function.sql")),
+    Migration::new(5, "step_failures", include_str!("../../migrations/postgres/0005_step_failures.sql")),
 ];
 
 /// The advisory lock that serializes migrations of all stores opening one database.
@@ -454,32 +455,7 @@ async fn migrate_inner(pool: &PgPool, schema: Option<&str>) -> Result<(), StoreE
         let sql = format!("CREATE SCHEMA IF NOT EXISTS {schema}; SET LOCAL search_path TO {schema}");
         Executor::execute(&mut *tx, sql.as_str()).await.map_err(db)?;
     }
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS schema_migrations (
-             version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL)",
-    )
-    .execute(&mut *tx)
-    .await
-    .map_err(db)?;
-    let current: i64 = sqlx::query_scalar("SELECT COALESCE(MAX(version), 0)::BIGINT FROM schema_migrations")
-        .fetch_one(&mut *tx)
-        .await
-        .map_err(db)?;
-    refuse_newer_schema(current, MIGRATIONS)?;
-    for &(version, name, sql) in MIGRATIONS {
-        if version <= current {
-            continue;
-        }
-        // Several statements, sent as one simple query.
-        Executor::execute(&mut *tx, sql).await.map_err(db)?;
-        sqlx::query("INSERT INTO schema_migrations (version, name, applied_at) VALUES ($1, $2, $3)")
-            .bind(version)
-            .bind(name)
-            .bind(now_ms())
-            .execute(&mut *tx)
-            .await
-            .map_err(db)?;
-    }
+    migrate_postgres(&mut tx, "schema_migrations", MIGRATIONS).await?;
     tx.commit().await.map_err(db)
 }
 
@@ -1485,7 +1461,7 @@ mod tests {
             .fetch_all(&stores[0].pool)
             .await
             .unwrap();
-        assert_eq!(versions, MIGRATIONS.iter().map(|m| m.0).collect::<Vec<_>>());
+        assert_eq!(versions, MIGRATIONS.iter().map(|m| m.version).collect::<Vec<_>>());
         for store in &stores {
             store.close().await;
         }
@@ -1495,6 +1471,34 @@ mod tests {
             sqlx::query_scalar("SELECT count(*) FROM schema_migrations").fetch_one(&store.pool).await.unwrap();
         assert_eq!(count, MIGRATIONS.len() as i64);
         store.close().await;
+        drop_schema(&url, &schema).await;
+    }
+
+    /// A database made before checksums were kept adopts them once; an edited migration is then
+    /// refused with what to do.
+    #[tokio::test]
+    async fn applied_migrations_are_checked_against_their_checksums() {
+        let Some(url) = server_url() else { return };
+        let schema = schema_name();
+        let store = PgStore::open_with(&url, options(&schema)).await.unwrap();
+        sqlx::query("ALTER TABLE schema_migrations DROP COLUMN checksum").execute(&store.pool).await.unwrap();
+        store.close().await;
+        let store = PgStore::open_with(&url, options(&schema)).await.unwrap();
+        let checksums: Vec<String> = sqlx::query_scalar("SELECT checksum FROM schema_migrations ORDER BY version")
+            .fetch_all(&store.pool)
+            .await
+            .unwrap();
+        assert_eq!(checksums, MIGRATIONS.iter().map(Migration::checksum).collect::<Vec<_>>());
+        sqlx::query("UPDATE schema_migrations SET checksum = 'edited' WHERE version = 3")
+            .execute(&store.pool)
+            .await
+            .unwrap();
+        store.close().await;
+        let refused = PgStore::open_with(&url, options(&schema)).await;
+        assert!(
+            matches!(refused, Err(StoreError::Corrupt(ref m)) if m.contains("migration 3") && m.contains("was changed")),
+            "{refused:?}"
+        );
         drop_schema(&url, &schema).await;
     }
 

@@ -23,21 +23,22 @@ use super::sqlite_threads::{ConnectionPool, db};
 use super::{
     BoxFuture, ClaimRequest, ClaimedRun, CreatedRun, EmitRecord, Fence, HookCreation, HookPayload, HookRecord,
     HookState, NewRun, OpRecord, RunHistory, RunOutcome, StepRecord, StepState, StepUpdate, Store, WaitRecord,
-    WaitResolution, WaitState, refuse_newer_schema,
+    WaitResolution, WaitState,
 };
 use crate::error::StoreError;
 use crate::event::{Event, EventKind};
 use crate::hook::{HookInfo, ResumeReceipt};
 use crate::ids::RunId;
+use crate::migrations::{Migration, migrate_sqlite};
 use crate::run::{RunCursor, RunFilter, RunInfo, RunPage, RunStatus};
 use crate::time::{Millis, duration_ms, from_ms, now_ms, to_ms};
 
-/// The embedded migrations, applied in order at open: (version, name, SQL).
-const MIGRATIONS: &[(i64, &str, &str)] = &[
-    (1, "init", include_str!("../../migrations/sqlite/0001_init.sql")),
-    (2, "stream_positions", include_str!("../../migrations/sqlite/0002_stream_positions.sql")),
-    (3, "child_runs", include_str!("../../migrations/sqlite/0003_child_runs.sql")),
-    (4, "step_failures", include_str!("../../migrations/sqlite/0004_step_failures.sql")),
+/// The embedded migrations, applied in order at open.
+const MIGRATIONS: &[Migration] = &[
+    Migration::new(1, "init", include_str!("../../migrations/sqlite/0001_init.sql")),
+    Migration::new(2, "stream_positions", include_str!("../../migrations/sqlite/0002_stream_positions.sql")),
+    Migration::new(3, "child_runs", include_str!("../../migrations/sqlite/0003_child_runs.sql")),
+    Migration::new(4, "step_failures", include_str!("../../migrations/sqlite/0004_step_failures.sql")),
 ];
 
 /// The page cache of each read connection, in KiB (the writer keeps SQLite's default, 2 MiB).
@@ -287,26 +288,8 @@ fn prepare_writer(conn: &mut Connection, memory: bool) -> Result<(), StoreError>
 
 /// Applies the embedded migrations that the database has not seen, in one transaction.
 fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
-    conn.execute_batch(
-        "CREATE TABLE IF NOT EXISTS schema_migrations (
-            version INTEGER PRIMARY KEY NOT NULL, name TEXT NOT NULL, applied_at INTEGER NOT NULL)",
-    )
-    .map_err(db)?;
     let tx = conn.transaction_with_behavior(TransactionBehavior::Immediate).map_err(db)?;
-    let current: i64 =
-        tx.query_row("SELECT COALESCE(MAX(version), 0) FROM schema_migrations", [], |row| row.get(0)).map_err(db)?;
-    refuse_newer_schema(current, MIGRATIONS)?;
-    for &(version, name, sql) in MIGRATIONS {
-        if version <= current {
-            continue;
-        }
-        tx.execute_batch(sql).map_err(db)?;
-        tx.execute(
-            "INSERT INTO schema_migrations (version, name, applied_at) VALUES (?, ?, ?)",
-            params![version, name, now_ms()],
-        )
-        .map_err(db)?;
-    }
+    migrate_sqlite(&tx, "schema_migrations", MIGRATIONS)?;
     tx.commit().map_err(db)
 }
 
@@ -1602,6 +1585,45 @@ mod tests {
         assert!(matches!(lost, Err(StoreError::LeaseLost { .. })), "{lost:?}");
         assert_eq!(scalar(&store.writer, "PRAGMA synchronous").await, 2);
         store.close().await;
+        let _ = std::fs::remove_dir_all(dir);
+    }
+
+    /// A migration edited after it was applied is refused with what to do; a database made
+    /// before checksums were kept adopts them once, and then checks them like any other.
+    #[tokio::test]
+    async fn applied_migrations_are_checked_against_their_checksums() {
+        let (dir, url) = temp_url();
+        let store = SqliteStore::open(&url).await.unwrap();
+        let edit = |sql: &'static str| {
+            let store = store.clone();
+            async move { store.writer.run(move |c| c.execute_batch(sql).map_err(db)).await.unwrap() }
+        };
+        // As a build before checksums left it.
+        edit("ALTER TABLE schema_migrations DROP COLUMN checksum").await;
+        store.close().await;
+        let store = SqliteStore::open(&url).await.unwrap();
+        let checksums = store
+            .writer
+            .run(|c| {
+                all_rows(c, "SELECT checksum FROM schema_migrations ORDER BY version", [], |row| {
+                    row.get::<_, String>(0).map_err(db)
+                })
+            })
+            .await
+            .unwrap();
+        let expected: Vec<String> = MIGRATIONS.iter().map(Migration::checksum).collect();
+        assert_eq!(checksums, expected, "the checksums were adopted");
+        // As if the file of migration 2 had been edited since.
+        let edit = |sql: &'static str| {
+            let store = store.clone();
+            async move { store.writer.run(move |c| c.execute_batch(sql).map_err(db)).await.unwrap() }
+        };
+        edit("UPDATE schema_migrations SET checksum = 'edited' WHERE version = 2").await;
+        store.close().await;
+        let Err(StoreError::Corrupt(message)) = SqliteStore::open(&url).await else {
+            panic!("an edited migration was accepted")
+        };
+        assert!(message.contains("migration 2 (stream_positions) was changed"), "{message}");
         let _ = std::fs::remove_dir_all(dir);
     }
 
