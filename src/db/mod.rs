@@ -65,12 +65,10 @@ pub enum Backend {
 impl Backend {
     /// The backend a database URL names, if any.
     pub fn of_url(url: &str) -> Option<Backend> {
-        if url.starts_with("sqlite:") {
-            Some(Backend::Sqlite)
-        } else if url.starts_with("postgres://") || url.starts_with("postgresql://") {
-            Some(Backend::Postgres)
-        } else {
-            None
+        match resumable_workflow::store::DatabaseKind::of_url(url)? {
+            resumable_workflow::store::DatabaseKind::Sqlite => Some(Backend::Sqlite),
+            resumable_workflow::store::DatabaseKind::Postgres => Some(Backend::Postgres),
+            _ => None,
         }
     }
 }

@@ -8,32 +8,9 @@ use serde_json::Value;
 
 use crate::context::WorkflowContext;
 use crate::error::WorkflowError;
-use crate::ids::RunId;
 use crate::time::{duration_ms, now_ms, to_ms};
 
-/// What the outside world may know about an active hook, looked up by token.
-#[derive(Clone, Debug, PartialEq)]
-pub struct HookInfo {
-    /// The token.
-    pub token: String,
-    /// The run that owns it.
-    pub run_id: RunId,
-    /// The metadata the workflow attached (for authorizing a caller before resuming).
-    pub metadata: Value,
-    /// How many payloads it has received.
-    pub received: u64,
-    /// When it was created.
-    pub created_at: SystemTime,
-}
-
-/// The receipt of a delivered hook payload.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct ResumeReceipt {
-    /// The run that owns the hook.
-    pub run_id: RunId,
-    /// The payload's index among the hook's payloads (0-based).
-    pub index: u64,
-}
+pub use crate::hook_data::{HookInfo, ResumeReceipt};
 
 /// A hook owned by the current run, returned by [`WorkflowContext::hook`].
 ///

@@ -40,6 +40,7 @@ mod event;
 mod execution;
 mod failure_log;
 mod hook;
+mod hook_data;
 mod ids;
 pub mod migrations;
 mod registry;

@@ -22,7 +22,7 @@ use tokio::sync::{broadcast, watch};
 
 use crate::error::StoreError;
 use crate::event::Event;
-use crate::hook::{HookInfo, ResumeReceipt};
+use crate::hook_data::{HookInfo, ResumeReceipt};
 use crate::ids::RunId;
 use crate::run::{RunFilter, RunInfo, RunPage, RunStatus};
 
@@ -283,15 +283,41 @@ pub enum RunOutcome {
     Failed(String),
 }
 
+/// The database a URL names, by its scheme (letter case aside): `sqlite:`, or `postgres://` and
+/// `postgresql://`. The one place that reads a database URL's scheme.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DatabaseKind {
+    /// A SQLite file (or an in-memory database).
+    Sqlite,
+    /// A PostgreSQL server.
+    Postgres,
+}
+
+impl DatabaseKind {
+    /// The kind of database `url` names; `None` for any other scheme.
+    pub fn of_url(url: &str) -> Option<DatabaseKind> {
+        let (scheme, rest) = url.split_once(':')?;
+        match scheme.to_ascii_lowercase().as_str() {
+            "sqlite" => Some(DatabaseKind::Sqlite),
+            "postgres" | "postgresql" if rest.starts_with("//") => Some(DatabaseKind::Postgres),
+            _ => None,
+        }
+    }
+}
+
 /// Opens the store at `url`, choosing the backend by the URL's scheme: `postgres://` or
 /// `postgresql://` opens a [`postgres::PgStore`], `sqlite:` a [`sqlite::SqliteStore`], each with
 /// default options and migrated. Any other scheme is a [`StoreError::Database`] naming the accepted
 /// ones (the URL itself, which may hold a password, is not repeated).
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
+    match DatabaseKind::of_url(url) {
+        Some(DatabaseKind::Postgres) => return Ok(Arc::new(postgres::PgStore::open(url).await?)),
+        Some(DatabaseKind::Sqlite) => return Ok(Arc::new(sqlite::SqliteStore::open(url).await?)),
+        None => {}
+    }
     let scheme = url.split_once(':').map(|(scheme, _)| scheme.to_ascii_lowercase());
     match scheme.as_deref() {
-        Some("postgres" | "postgresql") => Ok(Arc::new(postgres::PgStore::open(url).await?)),
-        Some("sqlite") => Ok(Arc::new(sqlite::SqliteStore::open(url).await?)),
         // Only a well-formed scheme of a `scheme://` URL is named; anything else may be a secret.
         Some(scheme)
             if url[scheme.len()..].starts_with("://")
@@ -473,4 +499,25 @@ pub trait Store: Send + Sync + 'static {
         from: u64,
         limit: u32,
     ) -> BoxFuture<'a, Result<Vec<(u64, Value)>, StoreError>>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::DatabaseKind;
+
+    #[test]
+    fn a_url_names_its_database_by_scheme_whatever_the_letter_case() {
+        for (url, kind) in [
+            ("sqlite://resumable.db", Some(DatabaseKind::Sqlite)),
+            ("SQLite:relative.db", Some(DatabaseKind::Sqlite)),
+            ("sqlite::memory:", Some(DatabaseKind::Sqlite)),
+            ("postgres://u:p@host/db", Some(DatabaseKind::Postgres)),
+            ("PostgreSQL://host/db", Some(DatabaseKind::Postgres)),
+            ("postgres:host/db", None),
+            ("mysql://host/db", None),
+            ("resumable.db", None),
+        ] {
+            assert_eq!(DatabaseKind::of_url(url), kind, "{url}");
+        }
+    }
 }

@@ -27,7 +27,7 @@ use super::{
 };
 use crate::error::StoreError;
 use crate::event::{Event, EventKind};
-use crate::hook::{HookInfo, ResumeReceipt};
+use crate::hook_data::{HookInfo, ResumeReceipt};
 use crate::ids::RunId;
 use crate::migrations::{Migration, migrate_sqlite};
 use crate::run::{RunCursor, RunFilter, RunInfo, RunPage, RunStatus};
