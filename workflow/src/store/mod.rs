@@ -7,6 +7,7 @@
 //! Uniqueness (idempotency keys, active hook tokens) is enforced by database constraints.
 
 pub mod postgres;
+mod rows;
 pub mod sqlite;
 mod sqlite_batch;
 mod sqlite_threads;

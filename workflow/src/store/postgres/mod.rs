@@ -32,6 +32,7 @@ use sqlx::{Executor, PgConnection, PgPool, Postgres, QueryBuilder, Row};
 use tokio::sync::{broadcast, oneshot, watch};
 use tokio::task::JoinHandle;
 
+use super::rows::{Columns, count_of, page, parse_json, position_of, run_info, to_json};
 use super::{
     BoxFuture, ClaimRequest, ClaimedRun, CreatedRun, EmitRecord, Fence, HookCreation, HookPayload, HookRecord,
     HookState, NewRun, OpRecord, RunHistory, RunOutcome, StepRecord, StepState, StepUpdate, Store, WaitRecord,
@@ -42,7 +43,7 @@ use crate::event::{Event, EventKind};
 use crate::hook_data::{HookInfo, ResumeReceipt};
 use crate::ids::RunId;
 use crate::migrations::{Migration, migrate_postgres};
-use crate::run::{RunCursor, RunFilter, RunInfo, RunPage, RunStatus};
+use crate::run::{RunFilter, RunInfo, RunPage, RunStatus};
 use crate::time::{Millis, duration_ms, from_ms, now_ms, to_ms};
 
 /// The embedded migrations, applied in order at open: (version, name, SQL).
@@ -195,15 +196,6 @@ where
     }
 }
 
-fn to_json(v: &Value) -> String {
-    // Serializing a `Value` cannot fail.
-    serde_json::to_string(v).unwrap_or_else(|_| "null".to_owned())
-}
-
-fn parse_json(s: &str) -> Result<Value, StoreError> {
-    serde_json::from_str(s).map_err(|e| StoreError::Corrupt(format!("invalid JSON in database: {e}")))
-}
-
 /// A message as PostgreSQL text can store it: U+0000 becomes U+FFFD.
 fn message(s: &str) -> Cow<'_, str> {
     if s.contains('\0') { Cow::Owned(s.replace('\0', "\u{FFFD}")) } else { Cow::Borrowed(s) }
@@ -211,15 +203,6 @@ fn message(s: &str) -> Cow<'_, str> {
 
 fn get<'r, T: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>>(row: &'r PgRow, col: &str) -> Result<T, StoreError> {
     row.try_get(col).map_err(db)
-}
-
-fn position_of(row: &PgRow) -> Result<u32, StoreError> {
-    let p: i64 = get(row, "position")?;
-    u32::try_from(p).map_err(|_| StoreError::Corrupt(format!("invalid position {p}")))
-}
-
-fn count_of(v: i64) -> u32 {
-    u32::try_from(v).unwrap_or(u32::MAX)
 }
 
 /// Checks that a schema or channel name is a plain identifier that needs no quoting.
@@ -573,25 +556,25 @@ const RUN_COLUMNS: &str = "id, workflow, input::text AS input, status, output::t
                            completed_at";
 
 fn run_from_row(row: &PgRow) -> Result<RunInfo, StoreError> {
-    let status: String = get(row, "status")?;
-    let output: Option<String> = get(row, "output")?;
-    let started_at: Option<i64> = get(row, "started_at")?;
-    let completed_at: Option<i64> = get(row, "completed_at")?;
-    Ok(RunInfo {
-        id: RunId::from(get::<String>(row, "id")?),
-        workflow: get(row, "workflow")?,
-        status: RunStatus::from_str(&status).map_err(StoreError::from)?,
-        input: parse_json(&get::<String>(row, "input")?)?,
-        output: output.as_deref().map(parse_json).transpose()?,
-        error: get(row, "error")?,
-        idempotency_key: get(row, "idempotency_key")?,
-        parent_run_id: get::<Option<String>>(row, "parent_run_id")?.map(RunId::from),
-        attempt: count_of(get(row, "lease_attempt")?),
-        created_at: from_ms(get(row, "created_at")?),
-        updated_at: from_ms(get(row, "updated_at")?),
-        started_at: started_at.map(from_ms),
-        completed_at: completed_at.map(from_ms),
-    })
+    run_info(row)
+}
+
+impl Columns for PgRow {
+    fn text(&self, column: &str) -> Result<String, StoreError> {
+        self.try_get(column).map_err(db)
+    }
+
+    fn optional_text(&self, column: &str) -> Result<Option<String>, StoreError> {
+        self.try_get(column).map_err(db)
+    }
+
+    fn int(&self, column: &str) -> Result<i64, StoreError> {
+        self.try_get(column).map_err(db)
+    }
+
+    fn optional_int(&self, column: &str) -> Result<Option<i64>, StoreError> {
+        self.try_get(column).map_err(db)
+    }
 }
 
 /// Loads everything earlier executions of a run recorded, in one statement (one snapshot):

@@ -452,14 +452,8 @@ impl Store for PgStore {
             }
             q.push(" ORDER BY created_at DESC, id DESC LIMIT ").push_bind(i64::from(limit) + 1);
             let rows = q.build().fetch_all(&self.pool).await.map_err(db)?;
-            let mut runs = rows.iter().map(run_from_row).collect::<Result<Vec<_>, _>>()?;
-            let next_cursor = if runs.len() > limit as usize {
-                runs.truncate(limit as usize);
-                runs.last().map(|r| RunCursor { created_at_ms: to_ms(r.created_at), run_id: r.id.clone() })
-            } else {
-                None
-            };
-            Ok(RunPage { runs, next_cursor })
+            let runs = rows.iter().map(run_from_row).collect::<Result<Vec<_>, _>>()?;
+            Ok(page(runs, limit))
         })
     }
 

@@ -19,6 +19,7 @@ use rusqlite::types::FromSql;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
 use serde_json::{Value, json};
 
+use super::rows::{Columns, count_of, page, parse_json, position_of, run_info, to_json};
 use super::sqlite_threads::{ConnectionPool, db};
 use super::{
     BoxFuture, ClaimRequest, ClaimedRun, CreatedRun, EmitRecord, Fence, HookCreation, HookPayload, HookRecord,
@@ -30,7 +31,7 @@ use crate::event::{Event, EventKind};
 use crate::hook_data::{HookInfo, ResumeReceipt};
 use crate::ids::RunId;
 use crate::migrations::{Migration, migrate_sqlite};
-use crate::run::{RunCursor, RunFilter, RunInfo, RunPage, RunStatus};
+use crate::run::{RunFilter, RunInfo, RunPage, RunStatus};
 use crate::time::{Millis, duration_ms, from_ms, now_ms, to_ms};
 
 /// The embedded migrations, applied in order at open.
@@ -293,26 +294,8 @@ fn migrate(conn: &mut Connection) -> Result<(), StoreError> {
     tx.commit().map_err(db)
 }
 
-fn to_json(v: &Value) -> String {
-    // Serializing a `Value` cannot fail.
-    serde_json::to_string(v).unwrap_or_else(|_| "null".to_owned())
-}
-
-fn parse_json(s: &str) -> Result<Value, StoreError> {
-    serde_json::from_str(s).map_err(|e| StoreError::Corrupt(format!("invalid JSON in database: {e}")))
-}
-
 fn get<T: FromSql>(row: &Row<'_>, col: &str) -> Result<T, StoreError> {
     row.get(col).map_err(db)
-}
-
-fn position_of(row: &Row<'_>) -> Result<u32, StoreError> {
-    let p: i64 = get(row, "position")?;
-    u32::try_from(p).map_err(|_| StoreError::Corrupt(format!("invalid position {p}")))
-}
-
-fn count_of(v: i64) -> u32 {
-    u32::try_from(v).unwrap_or(u32::MAX)
 }
 
 impl SqliteStore {
@@ -458,7 +441,7 @@ fn release_resources(tx: &Connection, run_id: &RunId, now: Millis) -> Result<(),
         tx,
         "UPDATE hooks SET active = 0, disposed_at = ? WHERE run_id = ? AND active = 1 RETURNING position, token",
         params![now, run_id.as_str()],
-        position_of,
+        |row| position_of(row),
     )?;
     positions.sort_unstable();
     for position in positions {
@@ -510,25 +493,25 @@ fn cancel_one(tx: &Connection, id: &RunId, reason: &str, now: Millis) -> Result<
 }
 
 fn run_from_row(row: &Row<'_>) -> Result<RunInfo, StoreError> {
-    let status: String = get(row, "status")?;
-    let output: Option<String> = get(row, "output")?;
-    let started_at: Option<i64> = get(row, "started_at")?;
-    let completed_at: Option<i64> = get(row, "completed_at")?;
-    Ok(RunInfo {
-        id: RunId::from(get::<String>(row, "id")?),
-        workflow: get(row, "workflow")?,
-        status: RunStatus::from_str(&status).map_err(StoreError::from)?,
-        input: parse_json(&get::<String>(row, "input")?)?,
-        output: output.as_deref().map(parse_json).transpose()?,
-        error: get(row, "error")?,
-        idempotency_key: get(row, "idempotency_key")?,
-        parent_run_id: get::<Option<String>>(row, "parent_run_id")?.map(RunId::from),
-        attempt: count_of(get(row, "lease_attempt")?),
-        created_at: from_ms(get(row, "created_at")?),
-        updated_at: from_ms(get(row, "updated_at")?),
-        started_at: started_at.map(from_ms),
-        completed_at: completed_at.map(from_ms),
-    })
+    run_info(row)
+}
+
+impl Columns for Row<'_> {
+    fn text(&self, column: &str) -> Result<String, StoreError> {
+        self.get(column).map_err(db)
+    }
+
+    fn optional_text(&self, column: &str) -> Result<Option<String>, StoreError> {
+        self.get(column).map_err(db)
+    }
+
+    fn int(&self, column: &str) -> Result<i64, StoreError> {
+        self.get(column).map_err(db)
+    }
+
+    fn optional_int(&self, column: &str) -> Result<Option<i64>, StoreError> {
+        self.get(column).map_err(db)
+    }
 }
 
 /// The columns [`run_from_row`] reads (a macro, so that queries are `concat!`ed at compile time).

@@ -79,7 +79,7 @@ impl Store for SqliteStore {
             let created_before = filter.created_before.map(to_ms);
             let cursor_at = filter.cursor.as_ref().map(|c| c.created_at_ms);
             let cursor_id = filter.cursor.as_ref().map(|c| c.run_id.as_str().to_owned());
-            let mut runs = self
+            let runs = self
                 .read(move |conn| {
                     all_rows(
                         conn,
@@ -109,13 +109,7 @@ impl Store for SqliteStore {
                     )
                 })
                 .await?;
-            let next_cursor = if runs.len() > limit as usize {
-                runs.truncate(limit as usize);
-                runs.last().map(|r| RunCursor { created_at_ms: to_ms(r.created_at), run_id: r.id.clone() })
-            } else {
-                None
-            };
-            Ok(RunPage { runs, next_cursor })
+            Ok(page(runs, limit))
         })
     }
 
