@@ -5,6 +5,7 @@
 use serde_json::Value;
 
 use crate::error::StoreError;
+use crate::event::{Event, EventKind};
 use crate::ids::RunId;
 use crate::run::{RunCursor, RunInfo, RunPage, RunStatus};
 use crate::time::{from_ms, to_ms};
@@ -60,6 +61,18 @@ pub(crate) fn run_info(row: &impl Columns) -> Result<RunInfo, StoreError> {
         updated_at: from_ms(row.int("updated_at")?),
         started_at: row.optional_int("started_at")?.map(from_ms),
         completed_at: row.optional_int("completed_at")?.map(from_ms),
+    })
+}
+
+/// An event of `run_id`'s log, from a row of `seq`, `kind`, `payload` and `created_at`.
+pub(crate) fn event(run_id: &RunId, row: &impl Columns) -> Result<Event, StoreError> {
+    let kind: EventKind = row.text("kind")?.parse()?;
+    Ok(Event {
+        run_id: run_id.clone(),
+        seq: row.int("seq")?.unsigned_abs(),
+        kind,
+        payload: parse_json(&row.text("payload")?)?,
+        created_at: from_ms(row.int("created_at")?),
     })
 }
 

@@ -32,7 +32,7 @@ use sqlx::{Executor, PgConnection, PgPool, Postgres, QueryBuilder, Row};
 use tokio::sync::{broadcast, oneshot, watch};
 use tokio::task::JoinHandle;
 
-use super::rows::{Columns, count_of, page, parse_json, position_of, run_info, to_json};
+use super::rows::{self, Columns, count_of, page, parse_json, position_of, run_info, to_json};
 use super::{
     BoxFuture, ClaimRequest, ClaimedRun, CreatedRun, EmitRecord, Fence, HookCreation, HookPayload, HookRecord,
     HookState, NewRun, OpRecord, RunHistory, RunOutcome, StepRecord, StepState, StepUpdate, Store, WaitRecord,

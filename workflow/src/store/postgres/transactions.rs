@@ -466,18 +466,7 @@ impl Store for PgStore {
             .fetch_all(&self.pool)
             .await
             .map_err(db)?;
-            rows.iter()
-                .map(|row| {
-                    let kind: String = get(row, "kind")?;
-                    Ok(Event {
-                        run_id: id.clone(),
-                        seq: get::<i64>(row, "seq")?.unsigned_abs(),
-                        kind: EventKind::from_str(&kind).map_err(StoreError::from)?,
-                        payload: parse_json(&get::<String>(row, "payload")?)?,
-                        created_at: from_ms(get(row, "created_at")?),
-                    })
-                })
-                .collect()
+            rows.iter().map(|row| rows::event(id, row)).collect()
         })
     }
 

@@ -19,7 +19,7 @@ use rusqlite::types::FromSql;
 use rusqlite::{Connection, OpenFlags, OptionalExtension, Row, TransactionBehavior, params};
 use serde_json::{Value, json};
 
-use super::rows::{Columns, count_of, page, parse_json, position_of, run_info, to_json};
+use super::rows::{self, Columns, count_of, page, parse_json, position_of, run_info, to_json};
 use super::sqlite_threads::{ConnectionPool, db};
 use super::{
     BoxFuture, ClaimRequest, ClaimedRun, CreatedRun, EmitRecord, Fence, HookCreation, HookPayload, HookRecord,

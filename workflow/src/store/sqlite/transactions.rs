@@ -121,16 +121,7 @@ impl Store for SqliteStore {
                     conn,
                     "SELECT seq, kind, payload, created_at FROM events WHERE run_id = ? ORDER BY seq",
                     params![id.as_str()],
-                    |row| {
-                        let kind: String = get(row, "kind")?;
-                        Ok(Event {
-                            run_id: id.clone(),
-                            seq: get::<i64>(row, "seq")?.unsigned_abs(),
-                            kind: EventKind::from_str(&kind).map_err(StoreError::from)?,
-                            payload: parse_json(&get::<String>(row, "payload")?)?,
-                            created_at: from_ms(get(row, "created_at")?),
-                        })
-                    },
+                    |row| rows::event(&id, row),
                 )
             })
             .await
