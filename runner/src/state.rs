@@ -68,8 +68,8 @@ impl CallOutcome {
             Err(HostError::Failed(failure)) => {
                 CallOutcome::Rejected { message: failure.message.clone(), details: failure.details.as_ref().map(text) }
             }
-            // A kind of host error this runner does not know fails the call.
-            Err(other) => CallOutcome::Rejected { message: other.to_string(), details: None },
+            // A kind of host error this runner does not know fails the call, saying nothing of it.
+            Err(_) => CallOutcome::Rejected { message: "the host function failed".into(), details: None },
         }
     }
 }

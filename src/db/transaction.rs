@@ -5,7 +5,6 @@ use super::Param;
 /// What a [`Step`] of a [`AppDb::transaction`] decides from the number of rows its statement
 /// affected.
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum Guard {
     /// Go on, whatever the count.
     Continue,
@@ -52,7 +51,6 @@ impl Step {
 
 /// How a [`AppDb::transaction`] ended.
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum TxOutcome {
     /// Committed: every step ran, or a [`Guard::StopUnless`] stopped it.
     Committed,

@@ -64,6 +64,8 @@ pub struct MigrationPlan<'a> {
 pub enum MigrationError {
     /// The database has a migration that this build does not know.
     Unknown {
+        /// The table of applied migrations.
+        table: &'static str,
         /// Its version.
         version: i64,
         /// The newest version this build knows.
@@ -71,6 +73,8 @@ pub enum MigrationError {
     },
     /// A migration's SQL differs from what was applied to the database.
     Edited {
+        /// The table of applied migrations.
+        table: &'static str,
         /// Its version.
         version: i64,
         /// Its name.
@@ -81,15 +85,16 @@ pub enum MigrationError {
 impl fmt::Display for MigrationError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
-            MigrationError::Unknown { version, latest } => write!(
+            MigrationError::Unknown { table, version, latest } => write!(
                 f,
-                "the database has schema migration {version}, newer than this build knows (up to {latest}): \
-                 a newer release made it; run that release, or a newer one"
+                "the database's {table} records migration {version}, newer than this build knows (up to {latest}): \
+                 a newer release migrated it; run that release, or a newer one"
             ),
-            MigrationError::Edited { version, name } => write!(
+            MigrationError::Edited { table, version, name } => write!(
                 f,
-                "schema migration {version} ({name}) was changed after this database applied it: put the file back \
-                 as it was, and make the change a new migration"
+                "migration {version} ({name}) was changed after this database applied it (by its checksum in \
+                 {table}): run the release that migrated the database; a developer who edited the file puts it back \
+                 and makes the change a new migration"
             ),
         }
     }
@@ -99,17 +104,27 @@ impl std::error::Error for MigrationError {}
 
 /// What to do for a database that recorded `applied`, given the migrations this build `known`s
 /// (in version order): adopt checksums, apply what is pending, or refuse.
-pub fn plan<'a>(known: &'a [Migration], applied: &[AppliedMigration]) -> Result<MigrationPlan<'a>, MigrationError> {
+pub fn plan<'a>(
+    table: &'static str,
+    known: &'a [Migration],
+    applied: &[AppliedMigration],
+) -> Result<MigrationPlan<'a>, MigrationError> {
+    debug_assert!(
+        known.iter().enumerate().all(|(i, m)| m.version == i as i64 + 1),
+        "the migrations of {table} are numbered 1, 2, 3, … in order"
+    );
     let latest = known.last().map_or(0, |m| m.version);
     let mut adopt = Vec::new();
     for record in applied {
         let Some(migration) = known.iter().find(|m| m.version == record.version) else {
-            return Err(MigrationError::Unknown { version: record.version, latest });
+            return Err(MigrationError::Unknown { table, version: record.version, latest });
         };
         match &record.checksum {
             None => adopt.push(migration),
             Some(checksum) if *checksum == migration.checksum() => {}
-            Some(_) => return Err(MigrationError::Edited { version: migration.version, name: migration.name }),
+            Some(_) => {
+                return Err(MigrationError::Edited { table, version: migration.version, name: migration.name });
+            }
         }
     }
     let pending = known.iter().filter(|m| applied.iter().all(|a| a.version != m.version)).collect();
@@ -153,7 +168,7 @@ pub fn migrate_sqlite(conn: &rusqlite::Connection, table: &'static str, known: &
         .map_err(sqlite)?
         .collect::<Result<Vec<_>, _>>()
         .map_err(sqlite)?;
-    let plan = plan(known, &applied)?;
+    let plan = plan(table, known, &applied)?;
     for migration in plan.adopt {
         conn.execute(
             &format!("UPDATE {table} SET checksum = ?1 WHERE version = ?2"),
@@ -181,10 +196,21 @@ pub async fn migrate_postgres(
 ) -> Result<(), StoreError> {
     let create = format!(
         "CREATE TABLE IF NOT EXISTS {table} (
-             version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL, checksum TEXT);
-         ALTER TABLE {table} ADD COLUMN IF NOT EXISTS checksum TEXT"
+             version BIGINT PRIMARY KEY, name TEXT NOT NULL, applied_at BIGINT NOT NULL, checksum TEXT)"
     );
     conn.execute(create.as_str()).await.map_err(postgres)?;
+    // A table made before checksums were kept gets the column. Only then is it altered: altering
+    // needs the table's owner, and a server may connect as a role with row privileges only.
+    let has_checksum: Option<i32> = sqlx::query_scalar(
+        "SELECT 1 FROM pg_attribute WHERE attrelid = to_regclass($1) AND attname = 'checksum' AND NOT attisdropped",
+    )
+    .bind(table)
+    .fetch_optional(&mut *conn)
+    .await
+    .map_err(postgres)?;
+    if has_checksum.is_none() {
+        conn.execute(format!("ALTER TABLE {table} ADD COLUMN checksum TEXT").as_str()).await.map_err(postgres)?;
+    }
     let rows: Vec<(i64, Option<String>)> =
         sqlx::query_as(&format!("SELECT version::BIGINT, checksum FROM {table} ORDER BY version"))
             .fetch_all(&mut *conn)
@@ -192,7 +218,7 @@ pub async fn migrate_postgres(
             .map_err(postgres)?;
     let applied: Vec<AppliedMigration> =
         rows.into_iter().map(|(version, checksum)| AppliedMigration { version, checksum }).collect();
-    let plan = plan(known, &applied)?;
+    let plan = plan(table, known, &applied)?;
     for migration in plan.adopt {
         sqlx::query(&format!("UPDATE {table} SET checksum = $1 WHERE version = $2"))
             .bind(migration.checksum())
@@ -229,28 +255,28 @@ mod tests {
 
     #[test]
     fn a_new_database_applies_everything_and_an_up_to_date_one_nothing() {
-        let fresh = plan(KNOWN, &[]).unwrap();
+        let fresh = plan("t", KNOWN, &[]).unwrap();
         assert_eq!(fresh.pending.iter().map(|m| m.version).collect::<Vec<_>>(), [1, 2]);
         assert!(fresh.adopt.is_empty());
         let current = [applied(1, Some(KNOWN[0].checksum())), applied(2, Some(KNOWN[1].checksum()))];
-        let done = plan(KNOWN, &current).unwrap();
+        let done = plan("t", KNOWN, &current).unwrap();
         assert!(done.pending.is_empty() && done.adopt.is_empty());
     }
 
     #[test]
     fn a_database_without_checksums_adopts_them_once() {
-        let plan = plan(KNOWN, &[applied(1, None)]).unwrap();
+        let plan = plan("t", KNOWN, &[applied(1, None)]).unwrap();
         assert_eq!(plan.adopt.iter().map(|m| m.version).collect::<Vec<_>>(), [1]);
         assert_eq!(plan.pending.iter().map(|m| m.version).collect::<Vec<_>>(), [2]);
     }
 
     #[test]
     fn an_edited_or_unknown_migration_is_refused_with_what_to_do() {
-        let edited = plan(KNOWN, &[applied(1, Some("0".repeat(64)))]).unwrap_err();
-        assert_eq!(edited, MigrationError::Edited { version: 1, name: "init" });
-        assert!(edited.to_string().contains("make the change a new migration"), "{edited}");
-        let unknown = plan(KNOWN, &[applied(1, None), applied(3, None)]).unwrap_err();
-        assert_eq!(unknown, MigrationError::Unknown { version: 3, latest: 2 });
+        let edited = plan("t", KNOWN, &[applied(1, Some("0".repeat(64)))]).unwrap_err();
+        assert_eq!(edited, MigrationError::Edited { table: "t", version: 1, name: "init" });
+        assert!(edited.to_string().contains("run the release that migrated the database"), "{edited}");
+        let unknown = plan("t", KNOWN, &[applied(1, None), applied(3, None)]).unwrap_err();
+        assert_eq!(unknown, MigrationError::Unknown { table: "t", version: 3, latest: 2 });
         assert!(unknown.to_string().contains("newer than this build"), "{unknown}");
     }
 

@@ -88,7 +88,7 @@ impl From<HostResult> for CallOutcomeFrame {
             Err(HostError::Failed(failure)) => {
                 CallOutcomeFrame::Failed { message: failure.message, details: failure.details }
             }
-            Err(other) => CallOutcomeFrame::Failed { message: other.to_string(), details: None },
+            Err(_) => CallOutcomeFrame::Failed { message: "the host function failed".into(), details: None },
         }
     }
 }

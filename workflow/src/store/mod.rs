@@ -112,7 +112,6 @@ pub struct RunHistory {
 
 /// One recorded operation.
 #[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
 pub enum OpRecord {
     /// A step.
     Step(StepRecord),
@@ -147,7 +146,6 @@ pub struct StepRecord {
 
 /// The state of a recorded step.
 #[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
 pub enum StepState {
     /// An attempt started and did not record an end (its worker died or lost its lease).
     Running,
@@ -179,7 +177,6 @@ pub struct HookRecord {
 
 /// The state of a recorded hook.
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum HookState {
     /// Owns its token and accepts payloads.
     Active,
@@ -203,7 +200,6 @@ pub struct WaitRecord {
 
 /// The state of a durable timer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum WaitState {
     /// Not yet observed as fired.
     Pending,
@@ -215,7 +211,6 @@ pub enum WaitState {
 
 /// How a pending timer is resolved, for [`Store::resolve_wait`].
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum WaitResolution {
     /// The timer fired.
     Fired,
@@ -234,7 +229,6 @@ pub struct HookPayload {
 
 /// How a step attempt ended, for [`Store::update_step`].
 #[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
 pub enum StepUpdate {
     /// Completed with a result.
     Completed {
@@ -263,7 +257,6 @@ pub enum StepUpdate {
 
 /// The result of [`Store::create_hook`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
 pub enum HookCreation {
     /// The hook was created and owns its token.
     Created,
@@ -276,7 +269,6 @@ pub enum HookCreation {
 
 /// How a run ended, for [`Store::finish_run`].
 #[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
 pub enum RunOutcome {
     /// Completed with an output.
     Completed(Value),

@@ -46,7 +46,7 @@ use crate::migrations::{Migration, migrate_postgres};
 use crate::run::{RunFilter, RunInfo, RunPage, RunStatus};
 use crate::time::{Millis, duration_ms, from_ms, now_ms, to_ms};
 
-/// The embedded migrations, applied in order at open: (version, name, SQL).
+/// The embedded migrations, applied in order at open.
 const MIGRATIONS: &[Migration] = &[
     Migration::new(1, "init", include_str!("../../../migrations/postgres/0001_init.sql")),
     Migration::new(2, "step_functions", include_str!("../../../migrations/postgres/0002_step_functions.sql")),
