@@ -52,6 +52,7 @@ fn fill(buf: &mut [u8]) {
 }
 
 /// A random number below 2^31.
+#[cfg(feature = "postgres")]
 pub(crate) fn random_u31() -> u32 {
     let mut buf = [0u8; 4];
     fill(&mut buf);

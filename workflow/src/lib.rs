@@ -31,6 +31,9 @@
 //! # Ok(()) }
 //! ```
 
+// Without a backend only the engine's API is built: the store helpers have no user.
+#![cfg_attr(not(any(feature = "sqlite", feature = "postgres")), allow(dead_code))]
+
 mod changes;
 mod child;
 mod context;
@@ -64,7 +67,9 @@ pub use registry::WorkflowFn;
 pub use run::{RunCursor, RunFilter, RunInfo, RunPage, RunStatus, StartOptions};
 pub use step::{RetryPolicy, StepContext};
 pub use store::HookPayload;
+#[cfg(feature = "postgres")]
 pub use store::postgres::{PgStore, PgStoreOptions};
+#[cfg(feature = "sqlite")]
 pub use store::sqlite::{SqliteStore, SqliteStoreOptions};
 pub use store::{Store, WakeHints};
 pub use stream::StreamReader;

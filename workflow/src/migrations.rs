@@ -10,11 +10,14 @@
 
 use std::fmt;
 
+#[cfg(feature = "sqlite")]
 use rusqlite::{OptionalExtension as _, params};
 use sha2::{Digest, Sha256};
+#[cfg(feature = "postgres")]
 use sqlx::Executor as _;
 
 use crate::error::StoreError;
+#[cfg(any(feature = "sqlite", feature = "postgres"))]
 use crate::time::now_ms;
 
 /// One migration, as this build carries it.
@@ -137,14 +140,17 @@ impl From<MigrationError> for StoreError {
     }
 }
 
+#[cfg(feature = "sqlite")]
 fn sqlite(e: rusqlite::Error) -> StoreError {
     StoreError::Database(e.to_string())
 }
 
+#[cfg(feature = "postgres")]
 fn postgres(e: sqlx::Error) -> StoreError {
     StoreError::Database(e.to_string())
 }
 
+#[cfg(feature = "sqlite")]
 /// Brings the SQLite database of `conn` up to `known`, recording them in `table`; call it inside
 /// the transaction that should hold the change.
 pub fn migrate_sqlite(conn: &rusqlite::Connection, table: &'static str, known: &[Migration]) -> Result<(), StoreError> {
@@ -187,6 +193,7 @@ pub fn migrate_sqlite(conn: &rusqlite::Connection, table: &'static str, known: &
     Ok(())
 }
 
+#[cfg(feature = "postgres")]
 /// Brings the PostgreSQL database of `conn` up to `known`, recording them in `table`; call it
 /// inside the transaction (holding the advisory lock) that should hold the change.
 pub async fn migrate_postgres(

@@ -37,6 +37,7 @@ pub fn random_suffix() -> String {
 ///
 /// # Panics
 /// When the server cannot be reached or a statement fails.
+#[cfg(feature = "postgres")]
 pub fn postgres_execute(url: &str, sql: &str) {
     use sqlx::Connection as _;
     let (url, sql) = (url.to_owned(), sql.to_owned());

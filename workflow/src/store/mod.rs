@@ -6,10 +6,14 @@
 //! (with [`StoreError::LeaseLost`]) unless the run is still `running` under that lease attempt.
 //! Uniqueness (idempotency keys, active hook tokens) is enforced by database constraints.
 
+#[cfg(feature = "postgres")]
 pub mod postgres;
 mod rows;
+#[cfg(feature = "sqlite")]
 pub mod sqlite;
+#[cfg(feature = "sqlite")]
 mod sqlite_batch;
+#[cfg(feature = "sqlite")]
 mod sqlite_threads;
 
 use std::collections::BTreeMap;
@@ -305,8 +309,16 @@ impl DatabaseKind {
 /// ones (the URL itself, which may hold a password, is not repeated).
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     match DatabaseKind::of_url(url) {
+        #[cfg(feature = "postgres")]
         Some(DatabaseKind::Postgres) => return Ok(Arc::new(postgres::PgStore::open(url).await?)),
+        #[cfg(feature = "sqlite")]
         Some(DatabaseKind::Sqlite) => return Ok(Arc::new(sqlite::SqliteStore::open(url).await?)),
+        #[cfg(not(all(feature = "sqlite", feature = "postgres")))]
+        Some(kind) => {
+            return Err(StoreError::Database(format!(
+                "this build has no {kind:?} store: it was built without the cargo feature for it"
+            )));
+        }
         None => {}
     }
     let scheme = url.split_once(':').map(|(scheme, _)| scheme.to_ascii_lowercase());
