@@ -124,13 +124,13 @@ impl Input {
         }
     }
 
-    /// Up to `wanted` bytes that have arrived (at least one), waiting until `deadline` at most
-    /// (`None`: as long as it takes, even past an abort); `None` past the deadline or at an
-    /// abort.
-    fn take(&mut self, wanted: usize, deadline: Option<Instant>, out: &mut Vec<u8>) -> Option<usize> {
+    /// Appends to `out` up to `wanted` bytes that have arrived (at least one), waiting until
+    /// `deadline` at most (`None`: as long as it takes, even past an abort); `false` past the
+    /// deadline or at an abort.
+    fn take(&mut self, wanted: usize, deadline: Option<Instant>, out: &mut Vec<u8>) -> bool {
         let timeout = deadline.map(|d| d.saturating_duration_since(Instant::now()));
         if !self.ready(timeout, deadline.is_some()) {
-            return None;
+            return false;
         }
         let available = match self.reader.fill_buf() {
             Ok([]) => exit_now(0),
@@ -143,7 +143,7 @@ impl Input {
         let taken = available.len().min(wanted);
         out.extend_from_slice(&available[..taken]);
         self.reader.consume(taken);
-        Some(taken)
+        true
     }
 }
 
@@ -235,7 +235,7 @@ impl PipedState {
             None => 4 - self.bytes.len(),
             Some(total) => total - self.bytes.len(),
         };
-        if input.take(wanted, deadline, &mut self.bytes).is_none() {
+        if !input.take(wanted, deadline, &mut self.bytes) {
             return false;
         }
         drop(input);

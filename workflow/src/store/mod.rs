@@ -310,31 +310,31 @@ impl DatabaseKind {
 pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
     match DatabaseKind::of_url(url) {
         #[cfg(feature = "postgres")]
-        Some(DatabaseKind::Postgres) => return Ok(Arc::new(postgres::PgStore::open(url).await?)),
+        Some(DatabaseKind::Postgres) => Ok(Arc::new(postgres::PgStore::open(url).await?)),
         #[cfg(feature = "sqlite")]
-        Some(DatabaseKind::Sqlite) => return Ok(Arc::new(sqlite::SqliteStore::open(url).await?)),
+        Some(DatabaseKind::Sqlite) => Ok(Arc::new(sqlite::SqliteStore::open(url).await?)),
         #[cfg(not(all(feature = "sqlite", feature = "postgres")))]
-        Some(kind) => {
-            return Err(StoreError::Database(format!(
-                "this build has no {kind:?} store: it was built without the cargo feature for it"
-            )));
-        }
-        None => {}
+        Some(kind) => Err(StoreError::Database(format!(
+            "this build has no {kind:?} store: it was built without the cargo feature for it"
+        ))),
+        None => Err(unsupported_url(url)),
     }
+}
+
+/// The error for a URL of no known database: it names the scheme only when the URL is plainly
+/// `scheme://…` (anything else may be a secret), never the rest.
+fn unsupported_url(url: &str) -> StoreError {
     let scheme = url.split_once(':').map(|(scheme, _)| scheme.to_ascii_lowercase());
     match scheme.as_deref() {
-        // Only a well-formed scheme of a `scheme://` URL is named; anything else may be a secret.
         Some(scheme)
             if url[scheme.len()..].starts_with("://")
                 && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
         {
-            Err(StoreError::Database(format!(
+            StoreError::Database(format!(
                 "unsupported store URL scheme {scheme:?}: expected postgres://, postgresql:// or sqlite:"
-            )))
+            ))
         }
-        _ => Err(StoreError::Database(
-            "unsupported store URL: expected postgres://, postgresql:// or sqlite:".to_owned(),
-        )),
+        _ => StoreError::Database("unsupported store URL: expected postgres://, postgresql:// or sqlite:".to_owned()),
     }
 }
 
