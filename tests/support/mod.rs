@@ -13,7 +13,7 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 use serde_json::Value;
-use sqlx::{AnyConnection, Connection};
+use sqlx::Connection;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 
@@ -571,9 +571,34 @@ impl Lines {
     }
 }
 
-/// Read access to the server's database (WAL on SQLite: readers do not block the server).
+/// Read access to the server's database (WAL on SQLite: readers do not block the server), on the
+/// drivers the server itself uses: rusqlite, and sqlx on PostgreSQL.
 pub struct Db {
     url: String,
+}
+
+/// A value a test reads back: the columns it reads are text or integers.
+trait Cell: Sized + Send + 'static {
+    fn sqlite(row: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Self>;
+    fn postgres(row: &sqlx::postgres::PgRow, at: usize) -> Result<Self, sqlx::Error>;
+}
+
+impl Cell for String {
+    fn sqlite(row: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Self> {
+        row.get(at)
+    }
+    fn postgres(row: &sqlx::postgres::PgRow, at: usize) -> Result<Self, sqlx::Error> {
+        sqlx::Row::try_get(row, at)
+    }
+}
+
+impl Cell for i64 {
+    fn sqlite(row: &rusqlite::Row<'_>, at: usize) -> rusqlite::Result<Self> {
+        row.get(at)
+    }
+    fn postgres(row: &sqlx::postgres::PgRow, at: usize) -> Result<Self, sqlx::Error> {
+        sqlx::Row::try_get(row, at)
+    }
 }
 
 impl Db {
@@ -582,25 +607,45 @@ impl Db {
         Db { url: dir.db_url() }
     }
 
-    async fn connect(&self) -> AnyConnection {
-        sqlx::any::install_default_drivers();
-        AnyConnection::connect(&self.url).await.expect("the database opens")
+    /// Every row of `sql` (with `$1`, `$2`… bound to `params`), as `columns` cells each.
+    async fn rows<T: Cell>(&self, sql: &'static str, params: &[&str], columns: usize) -> Vec<Vec<T>> {
+        let params: Vec<String> = params.iter().map(|p| (*p).to_owned()).collect();
+        if let Some(path) = self.url.strip_prefix("sqlite://") {
+            let path = path.to_owned();
+            return tokio::task::spawn_blocking(move || {
+                let conn = rusqlite::Connection::open(path).expect("the database opens");
+                conn.busy_timeout(WAIT).expect("busy timeout");
+                let mut statement = conn.prepare(sql).expect("the query compiles");
+                let rows = statement.query_map(rusqlite::params_from_iter(&params), |row| {
+                    (0..columns).map(|at| T::sqlite(row, at)).collect::<rusqlite::Result<Vec<T>>>()
+                });
+                rows.expect("the query runs").collect::<rusqlite::Result<Vec<_>>>().expect("the rows are read")
+            })
+            .await
+            .expect("the read ran");
+        }
+        let mut conn = sqlx::PgConnection::connect(&self.url).await.expect("the database opens");
+        let query = params.iter().fold(sqlx::query(sql), |query, param| query.bind(param.as_str()));
+        let rows = query.fetch_all(&mut conn).await.expect("the query runs");
+        let _ = conn.close().await;
+        let cells = |row: &sqlx::postgres::PgRow| (0..columns).map(|at| T::postgres(row, at)).collect();
+        rows.iter().map(cells).collect::<Result<_, _>>().expect("the rows are read")
+    }
+
+    /// The one integer `sql` selects.
+    async fn integer(&self, sql: &'static str, params: &[&str]) -> i64 {
+        let rows = self.rows::<i64>(sql, params, 1).await;
+        *rows.first().and_then(|row| row.first()).expect("one row")
     }
 
     /// The refunds applied for `tenant`: (idempotency key, order id, amount in cents), in the
     /// order they were applied.
     async fn refund_rows(&self, tenant: &str) -> Vec<(String, String, i64)> {
-        let mut conn = self.connect().await;
-        let rows = sqlx::query_as(
-            "SELECT idempotency_key, order_id, amount_cents FROM refunds WHERE tenant = $1
-             ORDER BY created_at, idempotency_key",
-        )
-        .bind(tenant)
-        .fetch_all(&mut conn)
-        .await
-        .expect("refunds are read");
-        let _ = conn.close().await;
-        rows
+        let sql = "SELECT idempotency_key, order_id, CAST(amount_cents AS TEXT) FROM refunds WHERE tenant = $1
+                   ORDER BY created_at, idempotency_key";
+        let rows = self.rows::<String>(sql, &[tenant], 3).await;
+        let amount = |text: &str| text.parse().expect("an amount in cents");
+        rows.into_iter().map(|row| (row[0].clone(), row[1].clone(), amount(&row[2]))).collect()
     }
 
     /// The refunds applied for `tenant`: (order id, amount in cents), in the order they were applied.
@@ -619,28 +664,14 @@ impl Db {
 
     /// How many times `function` ran live for automation `run_id`.
     pub async fn host_calls(&self, run_id: &str, function: &str) -> i64 {
-        let mut conn = self.connect().await;
-        let count = sqlx::query_scalar("SELECT COUNT(*) FROM host_calls WHERE run_id = $1 AND function = $2")
-            .bind(run_id)
-            .bind(function)
-            .fetch_one(&mut conn)
-            .await
-            .expect("host calls are counted");
-        let _ = conn.close().await;
-        count
+        let sql = "SELECT COUNT(*) FROM host_calls WHERE run_id = $1 AND function = $2";
+        self.integer(sql, &[run_id, function]).await
     }
 
     /// How much of order `id` of `tenant` was refunded, in cents.
     pub async fn refunded_cents(&self, tenant: &str, id: &str) -> i64 {
-        let mut conn = self.connect().await;
-        let cents = sqlx::query_scalar("SELECT refunded_cents FROM orders WHERE tenant = $1 AND id = $2")
-            .bind(tenant)
-            .bind(id)
-            .fetch_one(&mut conn)
-            .await
-            .expect("the order is read");
-        let _ = conn.close().await;
-        cents
+        let sql = "SELECT refunded_cents FROM orders WHERE tenant = $1 AND id = $2";
+        self.integer(sql, &[tenant, id]).await
     }
 }
 

@@ -25,12 +25,13 @@ use resumable_workflow::{
     WorkflowContext, WorkflowError,
 };
 use serde_json::{Value, json};
-use sqlx::SqlitePool;
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::mpsc;
 use tokio::time::Instant;
+
+mod effects;
+use effects::SqliteEffects;
 
 /// Set (to the test's directory) in a child process.
 const CHILD_DIR_ENV: &str = "RESUMABLE_CRASH_CHILD_DIR";
@@ -135,7 +136,7 @@ impl Stop {
 /// What the workflow needs in a child process.
 struct ChildEnv {
     phase: u64,
-    effects: SqlitePool,
+    effects: SqliteEffects,
 }
 
 impl ChildEnv {
@@ -152,27 +153,16 @@ impl ChildEnv {
         }
     }
 
-    async fn record_invocation(&self, s: &StepContext) -> Result<(), sqlx::Error> {
-        sqlx::query("INSERT INTO invocations (step_id, attempt, pid) VALUES (?, ?, ?)")
-            .bind(&s.step_id)
-            .bind(i64::from(s.attempt))
-            .bind(i64::from(std::process::id()))
-            .execute(&self.effects)
-            .await
-            .map(drop)
+    async fn record_invocation(&self, s: &StepContext) -> rusqlite::Result<()> {
+        let sql = "INSERT INTO invocations (step_id, attempt, pid) VALUES (?, ?, ?)";
+        self.effects.execute(sql, (s.step_id.clone(), s.attempt, std::process::id())).await
     }
 
     /// The side effect: a counter keyed by the step id (deliberately not idempotent).
-    async fn apply_effect(&self, step_id: &str, value: &str) -> Result<(), sqlx::Error> {
-        sqlx::query(
-            "INSERT INTO effects (step_id, count, value) VALUES (?, 1, ?)
-             ON CONFLICT (step_id) DO UPDATE SET count = count + 1, value = excluded.value",
-        )
-        .bind(step_id)
-        .bind(value)
-        .execute(&self.effects)
-        .await
-        .map(drop)
+    async fn apply_effect(&self, step_id: &str, value: &str) -> rusqlite::Result<()> {
+        let sql = "INSERT INTO effects (step_id, count, value) VALUES (?, 1, ?)
+                   ON CONFLICT (step_id) DO UPDATE SET count = count + 1, value = excluded.value";
+        self.effects.execute(sql, (step_id.to_owned(), value.to_owned())).await
     }
 }
 
@@ -187,7 +177,7 @@ fn random_hex() -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn step_error(e: sqlx::Error) -> StepError {
+fn step_error(e: rusqlite::Error) -> StepError {
     StepError::retryable(e.to_string())
 }
 
@@ -240,14 +230,8 @@ fn store_url(dir: &Path) -> String {
     format!("sqlite://{}", dir.join("runs.db").display())
 }
 
-async fn open_effects(dir: &Path) -> SqlitePool {
-    let options = SqliteConnectOptions::new()
-        .filename(dir.join("effects.db"))
-        .create_if_missing(true)
-        .journal_mode(SqliteJournalMode::Wal)
-        .synchronous(SqliteSynchronous::Full)
-        .busy_timeout(Duration::from_secs(10));
-    SqlitePoolOptions::new().max_connections(2).connect_with(options).await.expect("open effects database")
+fn open_effects(dir: &Path) -> SqliteEffects {
+    SqliteEffects::open(dir, true, Duration::from_secs(10))
 }
 
 /// The entry point of a child process; does nothing in a normal test run.
@@ -266,7 +250,7 @@ fn child_process_entry() {
     runtime.block_on(async move {
         let dir = PathBuf::from(dir);
         let store = SqliteStore::open(&store_url(&dir)).await.expect("open run store");
-        let env = Arc::new(ChildEnv { phase, effects: open_effects(&dir).await });
+        let env = Arc::new(ChildEnv { phase, effects: open_effects(&dir) });
         let _engine = Engine::builder(Arc::new(store))
             .workers(CHILD_WORKERS)
             .lease(LEASE)
@@ -386,7 +370,7 @@ struct Harness {
     dir: PathBuf,
     /// A client engine (no workers): it starts, inspects and resumes runs but executes nothing.
     engine: Engine,
-    effects: SqlitePool,
+    effects: SqliteEffects,
 }
 
 impl Drop for Harness {
@@ -411,12 +395,12 @@ impl Harness {
                 Err(WorkflowError::msg("the parent executes nothing"))
             })
             .build();
-        let effects = open_effects(&dir).await;
+        let effects = open_effects(&dir);
         for sql in [
             "CREATE TABLE effects (step_id TEXT PRIMARY KEY NOT NULL, count INTEGER NOT NULL, value TEXT NOT NULL)",
             "CREATE TABLE invocations (step_id TEXT NOT NULL, attempt INTEGER NOT NULL, pid INTEGER NOT NULL)",
         ] {
-            sqlx::query(sql).execute(&effects).await.unwrap();
+            effects.execute(sql, ()).await.unwrap();
         }
         Harness { dir, engine, effects }
     }
@@ -521,23 +505,16 @@ impl Harness {
 
             // Exactly one effect per step id, and it produced the recorded result.
             let step_id = format!("{}:{pos}", run.id);
-            let (effects, value): (i64, String) = sqlx::query_as("SELECT count, value FROM effects WHERE step_id = ?")
-                .bind(&step_id)
-                .fetch_optional(&self.effects)
-                .await
-                .unwrap()
-                .unwrap_or_else(|| panic!("{ctx}: no effect"));
+            let sql = "SELECT count, value FROM effects WHERE step_id = ?";
+            let rows = self.effects.query(sql, [step_id.clone()], |r| Ok((r.get(0)?, r.get(1)?))).await.unwrap();
+            let (effects, value): (i64, String) = rows.into_iter().next().unwrap_or_else(|| panic!("{ctx}: no effect"));
             assert_eq!(effects, 1, "{ctx}: one effect per step");
             assert_eq!(&json!(value), recorded, "{ctx}: the effect's result is the recorded one");
 
             // Attempts that ran the body: each at most once, the last the completed one. A step
             // killed inside needed a second attempt; any other ran exactly once.
-            let attempts: Vec<i64> =
-                sqlx::query_scalar("SELECT attempt FROM invocations WHERE step_id = ? ORDER BY attempt")
-                    .bind(&step_id)
-                    .fetch_all(&self.effects)
-                    .await
-                    .unwrap();
+            let sql = "SELECT attempt FROM invocations WHERE step_id = ? ORDER BY attempt";
+            let attempts: Vec<i64> = self.effects.query(sql, [step_id.clone()], |r| r.get(0)).await.unwrap();
             assert!(attempts.windows(2).all(|w| w[0] < w[1]), "{ctx}: an attempt ran twice: {attempts:?}");
             assert_eq!(attempts.last().copied(), Some(i64::try_from(started).unwrap()), "{ctx}: {attempts:?}");
             let killed_inside = run.stops.iter().any(|s| matches!(s, Stop::At(p) | Stop::ResumeThen(p) if *p == point));
@@ -548,10 +525,8 @@ impl Harness {
                 assert_eq!((started, attempts.as_slice()), (1, &[1][..]), "{ctx}: a step ran again");
             }
         }
-        let ids: Vec<String> = sqlx::query_scalar("SELECT DISTINCT step_id FROM invocations ORDER BY step_id")
-            .fetch_all(&self.effects)
-            .await
-            .unwrap();
+        let sql = "SELECT DISTINCT step_id FROM invocations ORDER BY step_id";
+        let ids: Vec<String> = self.effects.query(sql, (), |r| r.get(0)).await.unwrap();
         let ids: Vec<String> = ids.into_iter().filter(|s| s.starts_with(&format!("{}:", run.id))).collect();
         let expected: Vec<String> = [POS_A, POS_B, POS_C].iter().map(|p| format!("{}:{p}", run.id)).collect();
         assert_eq!(ids, expected, "{ctx}: steps ran under these ids");

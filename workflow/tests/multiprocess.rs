@@ -41,12 +41,14 @@ use resumable_workflow::{
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
-use sqlx::sqlite::{SqliteConnectOptions, SqliteJournalMode, SqlitePoolOptions, SqliteSynchronous};
-use sqlx::{Connection, PgPool, SqlitePool};
+use sqlx::{Connection, PgPool};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::process::{Child, ChildStdin, Command};
 use tokio::sync::{Mutex, MutexGuard, mpsc, watch};
 use tokio::time::Instant;
+
+mod effects;
+use effects::SqliteEffects;
 
 /// Set (to the child's [`ChildConfig`] as JSON) in a worker process.
 const CHILD_ENV: &str = "RESUMABLE_MULTIPROCESS_CHILD";
@@ -174,16 +176,7 @@ impl Db {
                 let pool = PgPoolOptions::new().max_connections(connections).connect_with(options).await;
                 Effects::Pg(pool.expect("connect to the effects schema"))
             }
-            Db::Sqlite { dir, relaxed } => {
-                let options = SqliteConnectOptions::new()
-                    .filename(dir.join("effects.db"))
-                    .create_if_missing(true)
-                    .journal_mode(SqliteJournalMode::Wal)
-                    .synchronous(if *relaxed { SqliteSynchronous::Normal } else { SqliteSynchronous::Full })
-                    .busy_timeout(TIMEOUT);
-                let pool = SqlitePoolOptions::new().max_connections(connections).connect_with(options).await;
-                Effects::Sqlite(pool.expect("open the effects database"))
-            }
+            Db::Sqlite { dir, relaxed } => Effects::Sqlite(SqliteEffects::open(dir, !*relaxed, TIMEOUT)),
         }
     }
 }
@@ -192,18 +185,11 @@ impl Db {
 /// that ran a step body).
 enum Effects {
     Pg(PgPool),
-    Sqlite(SqlitePool),
+    Sqlite(SqliteEffects),
 }
 
-/// Evaluates `$body` with `$pool` bound to the pool of either backend (the SQL is the same).
-macro_rules! with_pool {
-    ($effects:expr, $pool:ident => $body:expr) => {
-        match $effects {
-            Effects::Pg($pool) => $body,
-            Effects::Sqlite($pool) => $body,
-        }
-    };
-}
+/// Why a statement on the side-effect tables failed, on either backend.
+type EffectError = Box<dyn std::error::Error + Send + Sync>;
 
 /// One row of `effects`: step id, count, attempt and process of the first execution.
 type EffectRow = (String, i64, i64, i64);
@@ -211,70 +197,81 @@ type EffectRow = (String, i64, i64, i64);
 type InvocationRow = (String, i64, i64);
 
 impl Effects {
+    /// Executes `sql` (the same text on both backends) with a step's id, attempt and process.
+    async fn execute_for_step(&self, sql: &'static str, s: &StepContext) -> Result<(), EffectError> {
+        let (step_id, attempt) = (s.step_id.clone(), i64::from(s.attempt));
+        match self {
+            Effects::Pg(p) => {
+                sqlx::query(sql).bind(step_id).bind(attempt).bind(pid()).execute(p).await?;
+            }
+            Effects::Sqlite(e) => e.execute(sql, (step_id, attempt, pid())).await?,
+        }
+        Ok(())
+    }
+
     async fn create_tables(&self) {
         for sql in [
             "CREATE TABLE effects (step_id TEXT PRIMARY KEY, count BIGINT NOT NULL, attempt BIGINT NOT NULL,
                  pid BIGINT NOT NULL)",
             "CREATE TABLE invocations (step_id TEXT NOT NULL, attempt BIGINT NOT NULL, pid BIGINT NOT NULL)",
         ] {
-            with_pool!(self, p => sqlx::query(sql).execute(p).await.map(drop)).expect("create the effect tables");
+            let created: Result<(), EffectError> = match self {
+                Effects::Pg(p) => sqlx::query(sql).execute(p).await.map(drop).map_err(Into::into),
+                Effects::Sqlite(e) => e.execute(sql, ()).await.map_err(Into::into),
+            };
+            created.expect("create the effect tables");
         }
     }
 
     /// A counter keyed by the step id (deliberately not idempotent: a second execution counts twice).
-    async fn count(&self, s: &StepContext) -> Result<(), sqlx::Error> {
+    async fn count(&self, s: &StepContext) -> Result<(), EffectError> {
         let sql = "INSERT INTO effects (step_id, count, attempt, pid) VALUES ($1, 1, $2, $3)
                    ON CONFLICT (step_id) DO UPDATE SET count = effects.count + 1";
-        with_pool!(self, p => sqlx::query(sql)
-            .bind(&s.step_id)
-            .bind(i64::from(s.attempt))
-            .bind(pid())
-            .execute(p)
-            .await
-            .map(drop))
+        self.execute_for_step(sql, s).await
     }
 
     /// An idempotent effect keyed by the step id: the first execution's row stays.
-    async fn apply_once(&self, s: &StepContext) -> Result<(), sqlx::Error> {
+    async fn apply_once(&self, s: &StepContext) -> Result<(), EffectError> {
         let sql = "INSERT INTO effects (step_id, count, attempt, pid) VALUES ($1, 1, $2, $3)
                    ON CONFLICT (step_id) DO NOTHING";
-        with_pool!(self, p => sqlx::query(sql)
-            .bind(&s.step_id)
-            .bind(i64::from(s.attempt))
-            .bind(pid())
-            .execute(p)
-            .await
-            .map(drop))
+        self.execute_for_step(sql, s).await
     }
 
     /// Records that this attempt ran the step body.
-    async fn invoked(&self, s: &StepContext) -> Result<(), sqlx::Error> {
-        let sql = "INSERT INTO invocations (step_id, attempt, pid) VALUES ($1, $2, $3)";
-        with_pool!(self, p => sqlx::query(sql)
-            .bind(&s.step_id)
-            .bind(i64::from(s.attempt))
-            .bind(pid())
-            .execute(p)
-            .await
-            .map(drop))
+    async fn invoked(&self, s: &StepContext) -> Result<(), EffectError> {
+        self.execute_for_step("INSERT INTO invocations (step_id, attempt, pid) VALUES ($1, $2, $3)", s).await
     }
 
     async fn effect_rows(&self) -> Vec<EffectRow> {
         let sql = "SELECT step_id, count, attempt, pid FROM effects ORDER BY step_id";
-        with_pool!(self, p => sqlx::query_as(sql).fetch_all(p).await).expect("read effects")
+        match self {
+            Effects::Pg(p) => sqlx::query_as(sql).fetch_all(p).await.expect("read effects"),
+            Effects::Sqlite(e) => {
+                let row = |r: &rusqlite::Row<'_>| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?));
+                e.query(sql, (), row).await.expect("read effects")
+            }
+        }
     }
 
     async fn invocation_rows(&self) -> Vec<InvocationRow> {
         let sql = "SELECT step_id, attempt, pid FROM invocations ORDER BY step_id, attempt";
-        with_pool!(self, p => sqlx::query_as(sql).fetch_all(p).await).expect("read invocations")
+        match self {
+            Effects::Pg(p) => sqlx::query_as(sql).fetch_all(p).await.expect("read invocations"),
+            Effects::Sqlite(e) => {
+                let row = |r: &rusqlite::Row<'_>| Ok((r.get(0)?, r.get(1)?, r.get(2)?));
+                e.query(sql, (), row).await.expect("read invocations")
+            }
+        }
     }
 
     async fn close(&self) {
-        with_pool!(self, p => p.close().await);
+        if let Effects::Pg(p) = self {
+            p.close().await;
+        }
     }
 }
 
-fn step_error(e: sqlx::Error) -> StepError {
+fn step_error(e: EffectError) -> StepError {
     StepError::retryable(e.to_string())
 }
 
