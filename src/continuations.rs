@@ -19,7 +19,7 @@ pub struct SqlContinuationStore {
 }
 
 fn backend(e: DbError) -> ContinuationStoreError {
-    ContinuationStoreError::Backend(e.0)
+    ContinuationStoreError::Backend(e.to_string())
 }
 
 fn claim_text(claim: ClaimId) -> String {

@@ -73,31 +73,23 @@ impl Backend {
     }
 }
 
-/// A database error, with a message for operators (never a password).
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct DbError(pub String);
-
-impl fmt::Display for DbError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "database error: {}", self.0)
-    }
-}
-
-impl std::error::Error for DbError {}
-
-impl From<sqlx::Error> for DbError {
-    fn from(e: sqlx::Error) -> DbError {
-        DbError(e.to_string())
-    }
-}
-
-impl From<StoreError> for DbError {
-    fn from(e: StoreError) -> DbError {
-        match e {
-            StoreError::Database(message) => DbError(message),
-            other => DbError(other.to_string()),
-        }
-    }
+/// Why a statement of the application failed. Messages are for operators (never a password); the
+/// driver's error is the [`source`](std::error::Error::source).
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum DbError {
+    /// The engine's store failed, or (on SQLite) a statement on its connections.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// A statement on the application's PostgreSQL pool failed.
+    #[error("database error: {0}")]
+    Postgres(#[from] sqlx::Error),
+    /// A row does not hold what the query's reader expects.
+    #[error("unexpected row: {0}")]
+    Row(String),
+    /// The URL names no database this build supports.
+    #[error("unsupported database URL: use sqlite://PATH or postgres://USER@HOST/DB")]
+    UnsupportedUrl,
 }
 
 /// The connections an [`AppDb`] runs its statements on.
@@ -138,7 +130,7 @@ impl AppDb {
                 db.migrate().await?;
                 Ok(db)
             }
-            None => Err(DbError("unsupported database URL: use sqlite://PATH or postgres://USER@HOST/DB".to_owned())),
+            None => Err(DbError::UnsupportedUrl),
         }
     }
 
@@ -185,7 +177,7 @@ impl AppDb {
 
     /// Runs one statement and returns its first row, failing if there is none.
     pub async fn fetch_one(&self, sql: &'static str, params: Vec<Param>) -> Result<Row, DbError> {
-        self.fetch_optional(sql, params).await?.ok_or_else(|| DbError("the query returned no row".to_owned()))
+        self.fetch_optional(sql, params).await?.ok_or_else(|| DbError::Row("the query returned no row".to_owned()))
     }
 
     /// Runs one statement and returns all its rows (routed as [`AppDb::fetch_optional`] does).
@@ -353,7 +345,7 @@ mod tests {
         db.execute("UPDATE app_schema_migrations SET checksum = 'edited' WHERE version = 1", vec![]).await.unwrap();
         drop(db);
         let err = AppDb::open(&temp.url()).await.unwrap_err();
-        assert!(err.0.contains("migration 1 (app) was changed"), "{err}");
+        assert!(err.to_string().contains("migration 1 (app) was changed"), "{err}");
     }
 
     #[tokio::test]
@@ -364,6 +356,6 @@ mod tests {
         db.execute(future, vec![]).await.unwrap();
         drop(db);
         let err = AppDb::open(&temp.url()).await.unwrap_err();
-        assert!(err.0.contains("newer than this build"), "{err}");
+        assert!(err.to_string().contains("newer than this build"), "{err}");
     }
 }

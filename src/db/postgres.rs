@@ -36,7 +36,9 @@ pub(super) fn pg_row(row: &PgRow, columns: &Arc<[String]>) -> Result<Row, DbErro
                 "BOOL" => row.try_get::<Option<bool>, _>(i)?.map(|v| SqlValue::Int(v.into())),
                 "TEXT" | "VARCHAR" | "BPCHAR" | "NAME" => row.try_get::<Option<String>, _>(i)?.map(SqlValue::Text),
                 "BYTEA" => row.try_get::<Option<Vec<u8>>, _>(i)?.map(SqlValue::Bytes),
-                other => return Err(DbError(format!("column {:?} has the unsupported type {other}", column.name()))),
+                other => {
+                    return Err(DbError::Row(format!("column {:?} has the unsupported type {other}", column.name())));
+                }
             };
             Ok(value.unwrap_or(SqlValue::Null))
         })

@@ -10,7 +10,7 @@ use super::{DbError, MIGRATIONS_TABLE, Param, Row, SQLITE_MIGRATIONS, SqlValue, 
 
 /// A SQLite error inside a [`SqliteStore`] closure.
 pub(super) fn sqlite(e: rusqlite::Error) -> StoreError {
-    StoreError::Database(e.to_string())
+    StoreError::driver(e)
 }
 
 /// The SQLite migrations, in the store's write transaction.
@@ -43,7 +43,7 @@ pub(super) fn sqlite_prepare<'c>(
 ) -> Result<rusqlite::CachedStatement<'c>, StoreError> {
     let mut stmt = conn.prepare_cached(sql).map_err(sqlite)?;
     if stmt.parameter_count() != params.len() {
-        return Err(StoreError::Database(format!(
+        return Err(StoreError::database(format!(
             "the statement takes {} parameters, {} were given",
             stmt.parameter_count(),
             params.len()
@@ -54,7 +54,7 @@ pub(super) fn sqlite_prepare<'c>(
         let index = stmt
             .parameter_index(&name)
             .map_err(sqlite)?
-            .ok_or_else(|| StoreError::Database(format!("the statement has no parameter {name}")))?;
+            .ok_or_else(|| StoreError::database(format!("the statement has no parameter {name}")))?;
         stmt.raw_bind_parameter(index, param).map_err(sqlite)?;
     }
     Ok(stmt)
@@ -84,7 +84,7 @@ pub(super) fn sqlite_query(conn: &rusqlite::Connection, sql: &str, params: &[Par
                     ),
                     ValueRef::Blob(v) => SqlValue::Bytes(v.to_vec()),
                     ValueRef::Real(_) => {
-                        return Err(StoreError::Database(format!("column {:?} is a float", columns[i])));
+                        return Err(StoreError::database(format!("column {:?} is a float", columns[i])));
                     }
                 })
             })

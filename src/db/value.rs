@@ -175,8 +175,8 @@ impl Row {
             .iter()
             .position(|c| c == column)
             .and_then(|i| self.values.get(i))
-            .ok_or_else(|| DbError(format!("no column {column:?} in the result")))?;
+            .ok_or_else(|| DbError::Row(format!("no column {column:?} in the result")))?;
         T::from_sql_value(value)
-            .ok_or_else(|| DbError(format!("column {column:?} holds {}, expected {}", value.kind(), T::EXPECTED)))
+            .ok_or_else(|| DbError::Row(format!("column {column:?} holds {}, expected {}", value.kind(), T::EXPECTED)))
     }
 }

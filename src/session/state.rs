@@ -68,7 +68,7 @@ impl SessionState {
         match row {
             Some(row) => {
                 let text: String = row.get("value")?;
-                serde_json::from_str(&text).map(Some).map_err(|e| DbError(format!("session state {key:?}: {e}")))
+                serde_json::from_str(&text).map(Some).map_err(|e| DbError::Row(format!("session state {key:?}: {e}")))
             }
             None => Ok(None),
         }

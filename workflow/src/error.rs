@@ -1,6 +1,8 @@
 //! Error types: what a step returns, what a workflow sees, what the store and engine report.
 
+use std::error::Error;
 use std::fmt;
+use std::sync::Arc;
 
 use crate::ids::RunId;
 
@@ -151,7 +153,7 @@ pub enum StoreError {
     /// No active hook has this token (never created, or disposed when its run ended).
     HookNotFound(String),
     /// The database failed.
-    Database(String),
+    Database(DatabaseError),
     /// Stored data could not be decoded.
     Corrupt(String),
 }
@@ -162,13 +164,69 @@ impl fmt::Display for StoreError {
             StoreError::LeaseLost { run_id } => write!(f, "lease of run {run_id} was lost"),
             StoreError::RunNotFound(id) => write!(f, "run {id} not found"),
             StoreError::HookNotFound(_) => f.write_str("no active hook with this token (unknown or disposed)"),
-            StoreError::Database(m) => write!(f, "database error: {m}"),
+            StoreError::Database(e) => write!(f, "database error: {e}"),
             StoreError::Corrupt(m) => write!(f, "corrupt stored data: {m}"),
         }
     }
 }
 
-impl std::error::Error for StoreError {}
+impl Error for StoreError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        match self {
+            StoreError::Database(e) => e.source(),
+            _ => None,
+        }
+    }
+}
+
+impl StoreError {
+    /// A database failure described by `message`, with no driver error behind it.
+    pub fn database(message: impl Into<String>) -> StoreError {
+        StoreError::Database(DatabaseError { message: message.into(), cause: None })
+    }
+
+    /// A database failure caused by the driver's error `cause` (its [`source`](Error::source)).
+    pub fn driver(cause: impl Error + Send + Sync + 'static) -> StoreError {
+        StoreError::Database(DatabaseError { message: cause.to_string(), cause: Some(Arc::new(cause)) })
+    }
+}
+
+/// What a database failure says, and the driver's error that caused it, when there is one
+/// (`rusqlite::Error` or `sqlx::Error`: reach it with [`Error::source`] and downcast).
+///
+/// Two are equal when their messages are.
+#[derive(Clone, Debug)]
+pub struct DatabaseError {
+    message: String,
+    cause: Option<Arc<dyn Error + Send + Sync>>,
+}
+
+impl DatabaseError {
+    /// The message, for operators (it includes the driver's, never a password).
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+}
+
+impl fmt::Display for DatabaseError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.message)
+    }
+}
+
+impl Error for DatabaseError {
+    fn source(&self) -> Option<&(dyn Error + 'static)> {
+        self.cause.as_deref().map(|cause| cause as &(dyn Error + 'static))
+    }
+}
+
+impl PartialEq for DatabaseError {
+    fn eq(&self, other: &DatabaseError) -> bool {
+        self.message == other.message
+    }
+}
+
+impl Eq for DatabaseError {}
 
 /// An error of the [`Engine`](crate::Engine) API.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -100,7 +100,7 @@ mod tests {
     #[test]
     fn a_repeating_failure_is_reported_once_per_interval_with_the_repeats_in_between() {
         let failures = FailureLog::with_interval("claiming runs", Duration::from_millis(50));
-        let error = StoreError::Database("disk full".into());
+        let error = StoreError::database("disk full");
         let log = log_of(|| {
             failures.failed(&error);
             failures.failed(&error);

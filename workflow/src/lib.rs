@@ -59,7 +59,7 @@ mod worker;
 pub use child::ChildRun;
 pub use context::WorkflowContext;
 pub use engine::{Engine, EngineBuilder, EngineOptions};
-pub use error::{EngineError, StepError, StepFailure, StoreError, UnknownName, WorkflowError};
+pub use error::{DatabaseError, EngineError, StepError, StepFailure, StoreError, UnknownName, WorkflowError};
 pub use event::{Event, EventKind};
 pub use hook::{Hook, HookInfo, ResumeReceipt};
 pub use ids::RunId;

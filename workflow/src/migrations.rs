@@ -142,12 +142,12 @@ impl From<MigrationError> for StoreError {
 
 #[cfg(feature = "sqlite")]
 fn sqlite(e: rusqlite::Error) -> StoreError {
-    StoreError::Database(e.to_string())
+    StoreError::driver(e)
 }
 
 #[cfg(feature = "postgres")]
 fn postgres(e: sqlx::Error) -> StoreError {
-    StoreError::Database(e.to_string())
+    StoreError::driver(e)
 }
 
 #[cfg(feature = "sqlite")]

@@ -314,7 +314,7 @@ pub async fn open(url: &str) -> Result<Arc<dyn Store>, StoreError> {
         #[cfg(feature = "sqlite")]
         Some(DatabaseKind::Sqlite) => Ok(Arc::new(sqlite::SqliteStore::open(url).await?)),
         #[cfg(not(all(feature = "sqlite", feature = "postgres")))]
-        Some(kind) => Err(StoreError::Database(format!(
+        Some(kind) => Err(StoreError::database(format!(
             "this build has no {kind:?} store: it was built without the cargo feature for it"
         ))),
         None => Err(unsupported_url(url)),
@@ -330,11 +330,11 @@ fn unsupported_url(url: &str) -> StoreError {
             if url[scheme.len()..].starts_with("://")
                 && scheme.chars().all(|c| c.is_ascii_alphanumeric() || "+-.".contains(c)) =>
         {
-            StoreError::Database(format!(
+            StoreError::database(format!(
                 "unsupported store URL scheme {scheme:?}: expected postgres://, postgresql:// or sqlite:"
             ))
         }
-        _ => StoreError::Database("unsupported store URL: expected postgres://, postgresql:// or sqlite:".to_owned()),
+        _ => StoreError::database("unsupported store URL: expected postgres://, postgresql:// or sqlite:"),
     }
 }
 

@@ -54,7 +54,7 @@ where
             (Some(Err(own)), _) => Err(own),
             (Some(Ok(value)), Ok(())) => Ok(value),
             (_, Err(commit)) => Err(commit),
-            (None, Ok(())) => Err(StoreError::Database("a write failed inside the database thread".into())),
+            (None, Ok(())) => Err(StoreError::database("a write failed inside the database thread")),
         };
         let _ = self.reply.send(answer);
     }
@@ -91,7 +91,7 @@ pub(crate) fn run_batch(connection: &Connection, mut batch: Vec<Box<dyn BatchedW
                 // Alone in its group, a write needs no savepoint: if it fails, the whole
                 // transaction rolls back, and its caller gets its own error.
                 if !run_caught(connection, only.as_mut()) {
-                    return Err(StoreError::Database("the write failed and was rolled back".into()));
+                    return Err(StoreError::database("the write failed and was rolled back"));
                 }
             } else {
                 for write in batch.iter_mut() {

@@ -99,8 +99,8 @@ impl ConnectionPool {
                         let _ = opened_tx.send(Err(e));
                     }
                 })
-                .map_err(|e| StoreError::Database(format!("cannot start a database thread: {e}")))?;
-            opened_rx.recv().map_err(|_| StoreError::Database("a database thread stopped while opening".into()))??;
+                .map_err(|e| StoreError::database(format!("cannot start a database thread: {e}")))?;
+            opened_rx.recv().map_err(|_| StoreError::database("a database thread stopped while opening"))??;
         }
         Ok(ConnectionPool {
             queue,
@@ -159,11 +159,11 @@ impl ConnectionPool {
     /// Queues `job` and waits for its answer.
     async fn submit<R>(&self, job: Job, mut answer: oneshot::Receiver<Result<R, StoreError>>) -> Result<R, StoreError> {
         if self.closed.load(Ordering::Acquire) {
-            return Err(StoreError::Database("the database is closed".into()));
+            return Err(StoreError::database("the database is closed"));
         }
         // Work queued behind a concurrent close is discarded when the threads are gone, and its
         // caller is told the thread stopped.
-        self.queue.send(job).map_err(|_| StoreError::Database("the database threads have stopped".into()))?;
+        self.queue.send(job).map_err(|_| StoreError::database("the database threads have stopped"))?;
         let started = Instant::now();
         let polling = Turn::take(&self.pollers);
         while polling.is_some() && started.elapsed() < POLL_FOR_ANSWER {
@@ -223,7 +223,7 @@ fn serve(
 
 /// The next job; the first idle thread polls for a moment before sleeping, the others sleep at once.
 fn stopped_during_query() -> StoreError {
-    StoreError::Database("a database thread stopped during a query".into())
+    StoreError::database("a database thread stopped during a query")
 }
 
 fn next_job(work: &Receiver<Job>, spinners: &AtomicUsize) -> Option<Job> {
@@ -263,7 +263,7 @@ impl Drop for Turn<'_> {
 
 /// A [`rusqlite::Error`] as a store error.
 pub(crate) fn db(e: rusqlite::Error) -> StoreError {
-    StoreError::Database(e.to_string())
+    StoreError::driver(e)
 }
 
 #[cfg(test)]
@@ -337,8 +337,8 @@ mod tests {
 
     #[test]
     fn a_connection_that_cannot_open_is_an_error() {
-        let failed = ConnectionPool::open("test-db", 2, || Err(StoreError::Database("no such file".into())));
-        assert!(matches!(failed, Err(StoreError::Database(m)) if m == "no such file"));
+        let failed = ConnectionPool::open("test-db", 2, || Err(StoreError::database("no such file")));
+        assert!(matches!(failed, Err(StoreError::Database(m)) if m.message() == "no such file"));
     }
 
     /// Writes queued behind a busy writer commit as one group; the one that fails and the one

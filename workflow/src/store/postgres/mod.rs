@@ -142,7 +142,7 @@ struct ListenerHandle {
 enum Failure {
     Store(StoreError),
     /// A deadlock or serialization failure: the transaction was rolled back and may be retried.
-    Transient(String),
+    Transient(StoreError),
 }
 
 impl From<StoreError> for Failure {
@@ -158,7 +158,7 @@ impl From<sqlx::Error> for Failure {
             sqlx::Error::Database(d) => matches!(d.code().as_deref(), Some("40P01" | "40001")),
             _ => false,
         };
-        if transient { Failure::Transient(e.to_string()) } else { Failure::Store(db(e)) }
+        if transient { Failure::Transient(db(e)) } else { Failure::Store(db(e)) }
     }
 }
 
@@ -166,7 +166,7 @@ impl From<Failure> for StoreError {
     fn from(f: Failure) -> StoreError {
         match f {
             Failure::Store(e) => e,
-            Failure::Transient(m) => StoreError::Database(m),
+            Failure::Transient(e) => e,
         }
     }
 }
@@ -175,7 +175,7 @@ impl From<Failure> for StoreError {
 type Tx<T> = Result<T, Failure>;
 
 fn db(e: sqlx::Error) -> StoreError {
-    StoreError::Database(e.to_string())
+    StoreError::driver(e)
 }
 
 /// Runs `attempt` until it succeeds, fails for good, or has hit a deadlock [`TRANSACTION_TRIES`] times.
@@ -214,7 +214,7 @@ fn check_identifier(what: &str, name: &str) -> Result<(), StoreError> {
     if plain {
         Ok(())
     } else {
-        Err(StoreError::Database(format!(
+        Err(StoreError::database(format!(
             "invalid {what} name {name:?}: use lowercase ASCII letters, digits and '_', at most {MAX_IDENTIFIER} bytes"
         )))
     }
@@ -237,7 +237,7 @@ impl PgStore {
         }
         let notifications = options.notifications;
         if notifications && options.notify_channel.len() > MAX_IDENTIFIER {
-            return Err(StoreError::Database(format!(
+            return Err(StoreError::database(format!(
                 "notification channel name is longer than {MAX_IDENTIFIER} bytes"
             )));
         }

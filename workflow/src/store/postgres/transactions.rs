@@ -37,7 +37,8 @@ impl PgStore {
                 .bind(run.idempotency_key.as_deref())
                 .fetch_optional(&mut *tx)
                 .await?;
-            let existing = existing.ok_or_else(|| Failure::Transient("idempotency key owner vanished".into()))?;
+            let existing =
+                existing.ok_or_else(|| Failure::Transient(StoreError::database("idempotency key owner vanished")))?;
             tx.commit().await?;
             return Ok(CreatedRun { run_id: RunId::from(existing), created: false });
         }
@@ -176,7 +177,7 @@ impl PgStore {
                 .bind(token)
                 .fetch_optional(&mut *tx)
                 .await?;
-            let owner = owner.ok_or_else(|| Failure::Transient("hook token owner vanished".into()))?;
+            let owner = owner.ok_or_else(|| Failure::Transient(StoreError::database("hook token owner vanished")))?;
             sqlx::query(
                 "INSERT INTO hooks (run_id, position, token, metadata, active, conflict_run_id, created_at)
                  VALUES ($1, $2, $3, $4::jsonb, FALSE, $5, $6)",

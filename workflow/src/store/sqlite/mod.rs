@@ -171,7 +171,7 @@ impl Target {
 /// `immutable` (false only) and `vfs`. The path is percent-decoded; a file is created if missing
 /// whatever the mode but `ro`.
 fn parse_url(url: &str) -> Result<Target, StoreError> {
-    let bad = |why: String| StoreError::Database(format!("invalid SQLite URL: {why}"));
+    let bad = |why: String| StoreError::database(format!("invalid SQLite URL: {why}"));
     let rest = match url.get(..7) {
         Some(scheme) if scheme.eq_ignore_ascii_case("sqlite:") => &url[7..],
         _ => return Err(bad("expected sqlite://PATH, sqlite:PATH or sqlite::memory:".to_owned())),

@@ -58,7 +58,7 @@ fn bad_urls_are_errors() {
     ] {
         let parsed = parse_url(url);
         assert!(
-            matches!(&parsed, Err(StoreError::Database(m)) if m.starts_with("invalid SQLite URL")),
+            matches!(&parsed, Err(StoreError::Database(m)) if m.message().starts_with("invalid SQLite URL")),
             "{url}: {parsed:?}"
         );
     }
@@ -85,7 +85,12 @@ async fn file_database_uses_wal_and_full_sync_and_migrates_once() {
     assert_eq!(scalar(&store.reader, "PRAGMA cache_size").await, -i64::from(READER_CACHE_KIB));
     assert_eq!(scalar(&store.reader, "PRAGMA busy_timeout").await, 5000);
     let write = store.reader.run(|c| c.execute("DELETE FROM runs", []).map_err(db)).await;
-    assert!(matches!(write, Err(StoreError::Database(_))), "{write:?}");
+    let Err(refused) = write else { panic!("a reader wrote") };
+    assert!(matches!(refused, StoreError::Database(_)), "{refused:?}");
+    // The driver's error is kept as the cause: SQLite said the connection is read-only.
+    let cause = std::error::Error::source(&refused).and_then(|e| e.downcast_ref::<rusqlite::Error>());
+    let code = cause.and_then(rusqlite::Error::sqlite_error_code);
+    assert_eq!(code, Some(rusqlite::ErrorCode::ReadOnly), "{refused:?}");
     store.close().await;
     // Reopening applies nothing twice.
     let store = SqliteStore::open(&url).await.unwrap();

@@ -188,7 +188,7 @@ impl Store for SqliteStore {
                     },
                 )?;
                 let Some((attempt, workflow, input)) = claimed else {
-                    return Err(StoreError::Database(format!("run {run_id} vanished during its claim")));
+                    return Err(StoreError::database(format!("run {run_id} vanished during its claim")));
                 };
                 let payload = json!({ "owner": owner.as_str(), "attempt": attempt });
                 append(tx, &run_id, EventKind::RunStarted, &payload, now)?;
