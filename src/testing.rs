@@ -12,7 +12,9 @@ pub(crate) struct TempDb {
     postgres: Option<(String, String)>,
 }
 
-use resumable_workflow::testing::{postgres_execute as pg_execute, random_suffix as random_name};
+#[cfg(feature = "postgres")]
+use resumable_workflow::testing::postgres_execute as pg_execute;
+use resumable_workflow::testing::random_suffix as random_name;
 
 impl TempDb {
     /// A new, empty database.
@@ -23,7 +25,15 @@ impl TempDb {
     }
 
     /// A new, empty schema of the PostgreSQL test server (`RESUMABLE_TEST_PG_URL`), if one is
+    /// configured (never in a build without PostgreSQL).
+    #[cfg(not(feature = "postgres"))]
+    pub(crate) async fn postgres() -> Option<TempDb> {
+        None
+    }
+
+    /// A new, empty schema of the PostgreSQL test server (`RESUMABLE_TEST_PG_URL`), if one is
     /// configured.
+    #[cfg(feature = "postgres")]
     pub(crate) async fn postgres() -> Option<TempDb> {
         let server = resumable_workflow::testing::postgres_url()?;
         let schema = format!("app_test_{}", random_name());
@@ -53,6 +63,7 @@ impl TempDb {
 impl Drop for TempDb {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.dir);
+        #[cfg(feature = "postgres")]
         if let Some((server, schema)) = &self.postgres {
             pg_execute(server, &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
         }

@@ -14,6 +14,7 @@
 //! Open both the engine's store and the application's tables with [`AppDb::open`], and hand
 //! [`AppDb::store`] to the engine.
 
+#[cfg(feature = "postgres")]
 mod postgres;
 mod sqlite;
 mod transaction;
@@ -26,10 +27,12 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use resumable_workflow::migrations::{Migration, migrate_postgres};
+use resumable_workflow::migrations::Migration;
 use resumable_workflow::{SqliteStore, Store, StoreError};
+#[cfg(feature = "postgres")]
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
+#[cfg(feature = "postgres")]
 use postgres::{pg_columns, pg_query, pg_row};
 use sqlite::{sqlite_execute, sqlite_fetch, sqlite_migrate, sqlite_transaction};
 
@@ -38,15 +41,18 @@ const SQLITE_MIGRATIONS: &[Migration] = &[
     Migration::new(1, "app", include_str!("../../migrations/app/sqlite/0001_app.sql")),
     Migration::new(2, "sessions", include_str!("../../migrations/app/sqlite/0002_sessions.sql")),
 ];
+#[cfg(feature = "postgres")]
 const POSTGRES_MIGRATIONS: &[Migration] = &[
     Migration::new(1, "app", include_str!("../../migrations/app/postgres/0001_app.sql")),
     Migration::new(2, "sessions", include_str!("../../migrations/app/postgres/0002_sessions.sql")),
 ];
 
 /// A lock id for PostgreSQL's advisory lock around migrations ("resumable-app").
+#[cfg(feature = "postgres")]
 const MIGRATION_LOCK: i64 = 0x7265_7375_6d61_7070;
 
 /// The application's connections to PostgreSQL.
+#[cfg(feature = "postgres")]
 const POSTGRES_CONNECTIONS: u32 = 8;
 
 /// The table of the application's applied migrations (the workflow store keeps its own).
@@ -82,8 +88,12 @@ pub enum DbError {
     #[error(transparent)]
     Store(#[from] StoreError),
     /// A statement on the application's PostgreSQL pool failed.
+    #[cfg(feature = "postgres")]
     #[error("database error: {0}")]
     Postgres(#[from] sqlx::Error),
+    /// A PostgreSQL URL, in a build without the `postgres` feature.
+    #[error("this build has no PostgreSQL support: it was built without the cargo feature `postgres`")]
+    NoPostgres,
     /// A row does not hold what the query's reader expects.
     #[error("unexpected row: {0}")]
     Row(String),
@@ -98,6 +108,7 @@ enum Conn {
     /// The workflow engine's SQLite store.
     Sqlite(SqliteStore),
     /// A PostgreSQL pool of the application's own.
+    #[cfg(feature = "postgres")]
     Postgres(PgPool),
 }
 
@@ -123,6 +134,9 @@ impl AppDb {
     pub async fn open(url: &str) -> Result<AppDb, DbError> {
         match Backend::of_url(url) {
             Some(Backend::Sqlite) => AppDb::from_sqlite(SqliteStore::open(url).await?).await,
+            #[cfg(not(feature = "postgres"))]
+            Some(Backend::Postgres) => Err(DbError::NoPostgres),
+            #[cfg(feature = "postgres")]
             Some(Backend::Postgres) => {
                 let store = resumable_workflow::store::open(url).await?;
                 let pool = PgPoolOptions::new().max_connections(POSTGRES_CONNECTIONS).connect(url).await?;
@@ -151,6 +165,7 @@ impl AppDb {
     pub fn backend(&self) -> Backend {
         match self.conn {
             Conn::Sqlite(_) => Backend::Sqlite,
+            #[cfg(feature = "postgres")]
             Conn::Postgres(_) => Backend::Postgres,
         }
     }
@@ -159,6 +174,7 @@ impl AppDb {
     pub async fn execute(&self, sql: &'static str, params: Vec<Param>) -> Result<u64, DbError> {
         match &self.conn {
             Conn::Sqlite(store) => Ok(store.write(move |conn| sqlite_execute(conn, sql, &params)).await?),
+            #[cfg(feature = "postgres")]
             Conn::Postgres(pool) => Ok(pg_query(sql, &params).execute(pool).await?.rows_affected()),
         }
     }
@@ -168,6 +184,7 @@ impl AppDb {
     pub async fn fetch_optional(&self, sql: &'static str, params: Vec<Param>) -> Result<Option<Row>, DbError> {
         match &self.conn {
             Conn::Sqlite(store) => Ok(sqlite_fetch(store, sql, params).await?.into_iter().next()),
+            #[cfg(feature = "postgres")]
             Conn::Postgres(pool) => {
                 let row = pg_query(sql, &params).fetch_optional(pool).await?;
                 row.map(|row| pg_row(&row, &pg_columns(&row))).transpose()
@@ -184,6 +201,7 @@ impl AppDb {
     pub async fn fetch_all(&self, sql: &'static str, params: Vec<Param>) -> Result<Vec<Row>, DbError> {
         match &self.conn {
             Conn::Sqlite(store) => sqlite_fetch(store, sql, params).await,
+            #[cfg(feature = "postgres")]
             Conn::Postgres(pool) => {
                 let rows = pg_query(sql, &params).fetch_all(pool).await?;
                 let Some(first) = rows.first() else { return Ok(Vec::new()) };
@@ -198,6 +216,7 @@ impl AppDb {
     pub async fn transaction(&self, steps: Vec<Step>) -> Result<TxOutcome, DbError> {
         match &self.conn {
             Conn::Sqlite(store) => Ok(store.write(move |conn| sqlite_transaction(conn, &steps)).await?),
+            #[cfg(feature = "postgres")]
             Conn::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
                 for step in &steps {
@@ -222,11 +241,13 @@ impl AppDb {
     async fn migrate(&self) -> Result<(), DbError> {
         match &self.conn {
             Conn::Sqlite(store) => Ok(store.write(sqlite_migrate).await?),
+            #[cfg(feature = "postgres")]
             Conn::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
                 // Several processes may open a fresh database at once.
                 sqlx::query("SELECT pg_advisory_xact_lock($1)").bind(MIGRATION_LOCK).execute(&mut *tx).await?;
-                migrate_postgres(&mut tx, MIGRATIONS_TABLE, POSTGRES_MIGRATIONS).await?;
+                resumable_workflow::migrations::migrate_postgres(&mut tx, MIGRATIONS_TABLE, POSTGRES_MIGRATIONS)
+                    .await?;
                 tx.commit().await?;
                 Ok(())
             }

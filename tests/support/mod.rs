@@ -26,10 +26,13 @@ pub const WAIT: Duration = Duration::from_secs(60);
 pub struct TempDir {
     path: PathBuf,
     db_url: String,
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pg_schema: Option<(String, String)>,
 }
 
-use resumable_workflow::testing::{postgres_execute as pg_execute, random_suffix};
+#[cfg(feature = "postgres")]
+use resumable_workflow::testing::postgres_execute as pg_execute;
+use resumable_workflow::testing::random_suffix;
 
 impl TempDir {
     /// Creates the directory, named `resumable-http-<name>-<random>`, for a SQLite database.
@@ -40,8 +43,15 @@ impl TempDir {
         TempDir { path, db_url, pg_schema: None }
     }
 
+    /// `None`: a build without PostgreSQL tests SQLite only.
+    #[cfg(not(feature = "postgres"))]
+    pub fn postgres(_name: &str) -> Option<TempDir> {
+        None
+    }
+
     /// A directory plus a fresh PostgreSQL schema, or `None` (after saying so) when no test server
     /// is configured.
+    #[cfg(feature = "postgres")]
     pub fn postgres(name: &str) -> Option<TempDir> {
         let server = resumable_workflow::testing::postgres_url()?;
         let mut dir = TempDir::new(name);
@@ -67,6 +77,7 @@ impl TempDir {
 impl Drop for TempDir {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.path);
+        #[cfg(feature = "postgres")]
         if let Some((server, schema)) = &self.pg_schema {
             pg_execute(server, &format!("DROP SCHEMA IF EXISTS {schema} CASCADE"));
         }
