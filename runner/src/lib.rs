@@ -19,7 +19,6 @@ mod sandbox;
 mod state;
 mod store;
 mod text;
-mod turn;
 
 pub use bytecode_cache::{BytecodeCacheConfig, RunnerStats};
 pub use error::{ConfigError, ErrorCode, RunError, UnknownErrorCode};

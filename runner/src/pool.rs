@@ -5,14 +5,14 @@ use crate::error::{ConfigError, ErrorCode, RunError};
 use crate::job::{Job, RawOutcome};
 use crate::limits::MAX_STACK_BYTES;
 use crate::sandbox::Engine;
-use crate::turn::Turn;
 use crossbeam_channel::{Receiver, Sender, TrySendError, bounded};
+use resumable_handoff::{AnswerPolling, next_job};
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// How long an idle worker polls the queue before it sleeps. Waking a sleeping
 /// thread costs tens of microseconds on virtual machines, more than a short run.
@@ -79,7 +79,7 @@ fn work(jobs: Receiver<Task>, spinners: &AtomicUsize, busy: &AtomicUsize, stats:
         if used && !matches!(engine, Some(Ok(_))) {
             engine = Some(Engine::new());
         }
-        let Some(Task { mut job, reply }) = next_task(&jobs, spinners) else { return };
+        let Some(Task { mut job, reply }) = next_job(&jobs, spinners, SPIN_BEFORE_SLEEP) else { return };
         busy.fetch_add(1, Ordering::Relaxed);
         if !matches!(engine, Some(Ok(_))) {
             engine = Some(Engine::new());
@@ -108,21 +108,6 @@ fn work(jobs: Receiver<Task>, spinners: &AtomicUsize, busy: &AtomicUsize, stats:
     }
 }
 
-/// The next task; the first idle worker polls for a moment before sleeping, the others sleep
-/// at once (more pollers only take the cores from the workers that have work).
-fn next_task(jobs: &Receiver<Task>, spinners: &AtomicUsize) -> Option<Task> {
-    let started = Instant::now();
-    let spinning = Turn::take(spinners);
-    while spinning.is_some() && started.elapsed() < SPIN_BEFORE_SLEEP {
-        match jobs.try_recv() {
-            Ok(task) => return Some(task),
-            Err(crossbeam_channel::TryRecvError::Disconnected) => return None,
-            Err(crossbeam_channel::TryRecvError::Empty) => thread::yield_now(),
-        }
-    }
-    jobs.recv().ok()
-}
-
 /// How long a caller polls for its answer, letting other tasks run between
 /// polls, before it waits to be woken.
 const POLL_FOR_ANSWER: Duration = Duration::from_micros(100);
@@ -132,42 +117,15 @@ const POLL_FOR_ANSWER: Duration = Duration::from_micros(100);
 /// decoding, and waking the caller then costs some 70 µs on a virtual machine.
 const POLL_WITH_SPARE_CORE: Duration = Duration::from_millis(2);
 
-/// Spin-loop hints between two polls for an answer on a spare core (about a microsecond).
-const SPIN_BETWEEN_POLLS: usize = 64;
-
-/// Waits for a worker's answer, polling for a moment first: most runs finish
-/// in less time than it takes to wake a sleeping executor thread.
-/// One caller of the pool polls at a time; the others wait to be woken at once.
-/// The poller only goes on polling past [`POLL_FOR_ANSWER`] while the workers leave a core
-/// free, so that it never takes a core from a run.
-/// `None` when the worker dropped the task without answering.
+/// Waits for a worker's answer, polling for a moment first (see [`resumable_handoff`]); the
+/// poller goes on polling past [`POLL_FOR_ANSWER`] only while the workers leave a core free, so
+/// that it never takes a core from a run. `None` when the worker dropped the task unanswered.
 pub(crate) async fn answer_soon<T>(pool: &Pool, answer: &mut tokio::sync::oneshot::Receiver<T>) -> Option<T> {
-    let started = Instant::now();
-    let polling = Turn::take(&pool.pollers);
-    while polling.is_some() {
-        let elapsed = started.elapsed();
-        let spare_core = pool.busy.load(Ordering::Relaxed) < pool.cores;
-        if elapsed >= POLL_FOR_ANSWER && !(elapsed < POLL_WITH_SPARE_CORE && spare_core) {
-            break;
-        }
-        match answer.try_recv() {
-            Ok(value) => return Some(value),
-            Err(tokio::sync::oneshot::error::TryRecvError::Empty) => {
-                if elapsed < POLL_FOR_ANSWER {
-                    // Lets other threads of this core run (the worker may be one).
-                    thread::yield_now();
-                } else {
-                    // On a core of its own: wait without system calls, lightly for a core
-                    // that shares its execution units with the worker's.
-                    for _ in 0..SPIN_BETWEEN_POLLS {
-                        std::hint::spin_loop();
-                    }
-                }
-                tokio::task::yield_now().await;
-            }
-            // A closed receiver may not be awaited again (tokio panics): answer here.
-            Err(tokio::sync::oneshot::error::TryRecvError::Closed) => return None,
-        }
-    }
-    answer.await.ok()
+    let spare_core = || pool.busy.load(Ordering::Relaxed) < pool.cores;
+    let polling = AnswerPolling {
+        pollers: &pool.pollers,
+        poll: POLL_FOR_ANSWER,
+        with_spare_core: Some((POLL_WITH_SPARE_CORE, &spare_core)),
+    };
+    resumable_handoff::answer_soon(answer, polling).await
 }

@@ -5,17 +5,18 @@
 //! many statements it runs, and a caller that stops waiting never leaves a transaction half done:
 //! the closure runs to its end (a [`rusqlite::Transaction`] that was not committed rolls back
 //! when dropped). Idle threads poll their queue for a moment before they sleep, and callers poll
-//! for their answer before they wait to be woken: waking a sleeping thread costs tens of
-//! microseconds on virtual machines, more than most statements. The writer commits the writes
+//! for their answer before they wait to be woken ([`resumable_handoff`]): waking a sleeping
+//! thread costs tens of microseconds on virtual machines, more than most statements. The writer commits the writes
 //! waiting in its queue together (see [`super::sqlite_batch`]). Closing the pool lets the work
 //! already queued finish, then stops the threads and closes their connections.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crossbeam_channel::{Receiver, Sender, TryRecvError, unbounded};
+use crossbeam_channel::{Receiver, Sender, unbounded};
+use resumable_handoff::{AnswerPolling, answer_soon, next_job};
 use rusqlite::Connection;
 use tokio::sync::oneshot;
 
@@ -164,22 +165,8 @@ impl ConnectionPool {
         // Work queued behind a concurrent close is discarded when the threads are gone, and its
         // caller is told the thread stopped.
         self.queue.send(job).map_err(|_| StoreError::database("the database threads have stopped"))?;
-        let started = Instant::now();
-        let polling = Turn::take(&self.pollers);
-        while polling.is_some() && started.elapsed() < POLL_FOR_ANSWER {
-            match answer.try_recv() {
-                Ok(result) => return result,
-                Err(oneshot::error::TryRecvError::Empty) => {
-                    // Lets other threads of this core run (the database thread may be one),
-                    // then other tasks of this executor.
-                    thread::yield_now();
-                    tokio::task::yield_now().await;
-                }
-                // A closed receiver may not be awaited again (tokio panics): answer here.
-                Err(oneshot::error::TryRecvError::Closed) => return Err(stopped_during_query()),
-            }
-        }
-        answer.await.map_err(|_| stopped_during_query())?
+        let polling = AnswerPolling { pollers: &self.pollers, poll: POLL_FOR_ANSWER, with_spare_core: None };
+        answer_soon(&mut answer, polling).await.ok_or_else(stopped_during_query)?
     }
 }
 
@@ -195,7 +182,7 @@ fn serve(
     loop {
         let job = match held.take() {
             Some(job) => job,
-            None => next_job(work, spinners)?,
+            None => next_job(work, spinners, SPIN_BEFORE_SLEEP)?,
         };
         match job {
             Job::Run(job) => {
@@ -221,44 +208,8 @@ fn serve(
     }
 }
 
-/// The next job; the first idle thread polls for a moment before sleeping, the others sleep at once.
 fn stopped_during_query() -> StoreError {
     StoreError::database("a database thread stopped during a query")
-}
-
-fn next_job(work: &Receiver<Job>, spinners: &AtomicUsize) -> Option<Job> {
-    if let Some(_spinning) = Turn::take(spinners) {
-        let started = Instant::now();
-        while started.elapsed() < SPIN_BEFORE_SLEEP {
-            match work.try_recv() {
-                Ok(job) => return Some(job),
-                Err(TryRecvError::Disconnected) => return None,
-                Err(TryRecvError::Empty) => thread::yield_now(),
-            }
-        }
-    }
-    work.recv().ok()
-}
-
-/// The one turn to poll that a counter hands out, given back on drop.
-struct Turn<'a>(&'a AtomicUsize);
-
-impl<'a> Turn<'a> {
-    /// The turn, unless someone holds it.
-    fn take(holders: &'a AtomicUsize) -> Option<Turn<'a>> {
-        if holders.fetch_add(1, Ordering::AcqRel) == 0 {
-            Some(Turn(holders))
-        } else {
-            holders.fetch_sub(1, Ordering::AcqRel);
-            None
-        }
-    }
-}
-
-impl Drop for Turn<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
 }
 
 /// A [`rusqlite::Error`] as a store error.
