@@ -155,7 +155,9 @@ async fn repetition(
                     .map(|r| Decision { interruption_id: r.interruption_id.clone(), approved: true, reason: None })
                     .collect();
                 let t1 = Instant::now();
-                automations.decide("bench", &id, DecisionBatch { decisions, actor: "bench".into() }).await?;
+                automations
+                    .decide("bench", &id, DecisionBatch { decisions, actor: "bench".into() }, &["approver"])
+                    .await?;
                 automations.engine().wait_for(&id, Duration::from_secs(120)).await?;
                 let view = automations.get("bench", &id).await?;
                 if view.status != RunStatus::Completed {

@@ -41,6 +41,8 @@
 //! ```
 
 pub mod automation;
+pub mod config;
+pub mod connector;
 pub mod continuations;
 pub mod db;
 pub mod fault;

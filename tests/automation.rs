@@ -113,7 +113,7 @@ async fn approved_refund_happens_once_and_reads_are_not_repeated() {
     assert_eq!(s.automations.pending_approvals("acme", 10).await.unwrap().len(), 1);
     assert!(s.automations.pending_approvals("globex", 10).await.unwrap().is_empty());
 
-    assert_eq!(s.automations.decide("acme", &id, decide_all(&view, true)).await, Ok(1));
+    assert_eq!(s.automations.decide("acme", &id, decide_all(&view, true), &["approver"]).await, Ok(1));
     let view = settled(&s, &id).await;
     assert_eq!(view.status, RunStatus::Completed, "{view:?}");
     let refund = &view.result.unwrap()["refund"];
@@ -121,12 +121,12 @@ async fn approved_refund_happens_once_and_reads_are_not_repeated() {
     assert_eq!(s.orders.refunds("acme").await.unwrap(), vec![("A-1002".to_owned(), 1500)]);
     assert_eq!(s.orders.live_calls(id.as_str(), "orders.get").await.unwrap(), 1, "replayed, not re-run");
     assert_eq!(
-        s.automations.decide("acme", &id, decide_all_ids(&["interrupt-2"])).await,
+        s.automations.decide("acme", &id, decide_all_ids(&["interrupt-2"]), &["approver"]).await,
         Err(AutomationError::AlreadyDecided),
         "decided already, even though the automation has ended"
     );
     assert_eq!(
-        s.automations.decide("acme", &id, decide_all_ids(&["interrupt-9"])).await,
+        s.automations.decide("acme", &id, decide_all_ids(&["interrupt-9"]), &["approver"]).await,
         Err(AutomationError::Ended(RunStatus::Completed)),
         "never decided, in an automation that has ended"
     );
@@ -149,7 +149,7 @@ async fn rejected_refund_changes_nothing_and_the_script_sees_it() {
     let s = service(&dir).await;
     let id = submit(&s, REFUND).await;
     let view = settled(&s, &id).await;
-    s.automations.decide("acme", &id, decide_all(&view, false)).await.unwrap();
+    s.automations.decide("acme", &id, decide_all(&view, false), &["approver"]).await.unwrap();
     let view = settled(&s, &id).await;
     assert_eq!(view.result.unwrap()["refund"], json!({ "approved": false, "orderId": "A-1002", "reason": "checked" }));
     assert!(s.orders.refunds("acme").await.unwrap().is_empty());
@@ -168,11 +168,14 @@ async fn two_rounds_and_a_parallel_batch() {
     assert_eq!(view.pending.as_ref().unwrap().requests.len(), 2, "both refunds in one batch");
     // A batch that misses one is refused and resumes nothing.
     let partial = decide_all_ids(&["interrupt-1"]);
-    assert!(matches!(s.automations.decide("acme", &id, partial).await, Err(AutomationError::Invalid(_))));
-    s.automations.decide("acme", &id, decide_all(&view, true)).await.unwrap();
+    assert!(matches!(
+        s.automations.decide("acme", &id, partial, &["approver"]).await,
+        Err(AutomationError::Invalid(_))
+    ));
+    s.automations.decide("acme", &id, decide_all(&view, true), &["approver"]).await.unwrap();
     let view = settled(&s, &id).await;
     assert_eq!(view.pending.as_ref().map(|p| p.round), Some(2), "{view:?}");
-    s.automations.decide("acme", &id, decide_all(&view, true)).await.unwrap();
+    s.automations.decide("acme", &id, decide_all(&view, true), &["approver"]).await.unwrap();
     let view = settled(&s, &id).await;
     assert_eq!(view.result, Some(json!([[100, 200], 300])));
     assert_eq!(view.rounds, 2);
@@ -189,7 +192,7 @@ async fn a_new_service_on_the_same_database_finishes_the_automation() {
     s.automations.engine().shutdown().await;
     drop(s);
     let s = service(&dir).await;
-    s.automations.decide("acme", &id, decide_all(&view, true)).await.unwrap();
+    s.automations.decide("acme", &id, decide_all(&view, true), &["approver"]).await.unwrap();
     let view = settled(&s, &id).await;
     assert_eq!(view.status, RunStatus::Completed);
     assert_eq!(s.orders.refunds("acme").await.unwrap().len(), 1);
@@ -206,7 +209,7 @@ async fn of_32_concurrent_decisions_exactly_one_is_applied() {
     let tasks: Vec<_> = (0..32)
         .map(|i| {
             let (automations, id, batch) = (s.automations.clone(), id.clone(), decide_all(&view, i % 2 == 0));
-            tokio::spawn(async move { automations.decide("acme", &id, batch).await })
+            tokio::spawn(async move { automations.decide("acme", &id, batch, &["approver"]).await })
         })
         .collect();
     let mut applied = 0;
@@ -296,7 +299,7 @@ async fn a_claim_left_by_a_dead_attempt_is_taken_over_by_the_next_attempt_of_the
     );
     // The round's first attempt finds the token claimed; the next attempt takes it over at once.
     let started = tokio::time::Instant::now();
-    assert_eq!(s.automations.decide("acme", &id, decide_all(&view, true)).await, Ok(1));
+    assert_eq!(s.automations.decide("acme", &id, decide_all(&view, true), &["approver"]).await, Ok(1));
     let view = settled(&s, &id).await;
     assert_eq!(view.status, RunStatus::Completed, "{view:?}");
     assert!(started.elapsed() < Duration::from_secs(10), "taken over at once, not after the claim's lease");
@@ -326,7 +329,7 @@ async fn a_call_that_asks_twice_is_decided_in_each_round_under_the_same_id() {
     let s = Service { automations, orders: OrderBook::new(AppDb::open(&db_url(&dir)).await.unwrap()) };
     let id = submit(&s, "return await stage.approve()").await;
     let first = settled(&s, &id).await;
-    assert_eq!(s.automations.decide("acme", &id, decide_all(&first, true)).await, Ok(1));
+    assert_eq!(s.automations.decide("acme", &id, decide_all(&first, true), &["approver"]).await, Ok(1));
     let deadline = tokio::time::Instant::now() + WAIT;
     let second = loop {
         let view = s.automations.get("acme", &id).await.unwrap();
@@ -338,12 +341,12 @@ async fn a_call_that_asks_twice_is_decided_in_each_round_under_the_same_id() {
     };
     let ids: Vec<&str> = second.pending.as_ref().unwrap().requests.iter().map(|r| r.interruption_id.as_str()).collect();
     assert_eq!(ids, ["interrupt-1"], "the same call asks again");
-    assert_eq!(s.automations.decide("acme", &id, decide_all(&second, true)).await, Ok(2));
+    assert_eq!(s.automations.decide("acme", &id, decide_all(&second, true), &["approver"]).await, Ok(2));
     let done = settled(&s, &id).await;
     assert_eq!(done.status, RunStatus::Completed, "{done:?}");
     assert_eq!(done.result, Some(json!("approved twice")));
     assert_eq!(
-        s.automations.decide("acme", &id, decide_all(&second, true)).await,
+        s.automations.decide("acme", &id, decide_all(&second, true), &["approver"]).await,
         Err(AutomationError::AlreadyDecided)
     );
     let _ = std::fs::remove_dir_all(dir);

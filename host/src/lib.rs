@@ -35,7 +35,7 @@ pub use args::{ArgsError, FromArgs};
 pub use cancel::CancelSignal;
 pub use context::{HostCallContext, Resume};
 pub use error::{HOST_FUNCTION_ERROR_CODE, HostError, HostFailure};
-pub use name::{IdentifierError, NameError, is_reserved_namespace, validate_identifier};
+pub use name::{IdentifierError, NameError, is_reserved_namespace, validate_function_name, validate_identifier};
 pub use registry::{
     HostFunction, HostFunctions, HostFunctionsBuilder, HostFuture, HostResult, unknown_function_message,
 };

@@ -222,6 +222,11 @@ pub fn is_reserved_namespace(namespace: &str) -> bool {
     RESERVED_NAMESPACES.contains(&namespace) || KEYWORDS.contains(&namespace)
 }
 
+/// Checks a full name `namespace.function` as [`HostFunctions`](crate::HostFunctions) would.
+pub fn validate_function_name(full: &str) -> Result<(), NameError> {
+    parse_full_name(full).map(drop)
+}
+
 /// Splits and validates a full name `namespace.function`.
 pub(crate) fn parse_full_name(full: &str) -> Result<(String, String), NameError> {
     let fail = |reason: String| NameError { name: full.to_string(), reason };

@@ -96,7 +96,10 @@ impl DecisionBatch {
     pub fn resolutions(&self) -> Vec<Resolution> {
         self.decisions
             .iter()
-            .map(|d| Resolution::new(d.interruption_id.clone(), json!({ "approved": d.approved, "reason": d.reason })))
+            .map(|d| {
+                let value = json!({ "approved": d.approved, "reason": d.reason, "decidedBy": [self.actor] });
+                Resolution::new(d.interruption_id.clone(), value)
+            })
             .collect()
     }
 
@@ -145,6 +148,6 @@ mod tests {
         assert!(serde_json::from_value::<DecisionBatch>(bad).is_err());
         let good = json!({ "decisions": [{ "interruptionId": "interrupt-1", "approved": false, "reason": "no" }] });
         let batch: DecisionBatch = serde_json::from_value(good).unwrap();
-        assert_eq!(batch.resolutions()[0].value, json!({ "approved": false, "reason": "no" }));
+        assert_eq!(batch.resolutions()[0].value, json!({ "approved": false, "reason": "no", "decidedBy": [""] }));
     }
 }

@@ -32,6 +32,7 @@ pub use token::HookTokens;
 pub use view::{AutomationError, AutomationView, PendingApproval, RoundRecord};
 pub use workflow::{AutomationInput, HostProvider, PendingRequest, WORKFLOW};
 
+use crate::connector::{APPROVAL_KIND, Connectors};
 use crate::continuations::SqlContinuationStore;
 use crate::db::AppDb;
 use crate::session::{SessionState, Sessions, WORKFLOW as SESSION_WORKFLOW, run_session};
@@ -52,6 +53,7 @@ pub struct AutomationsBuilder {
     db: AppDb,
     secret: Vec<u8>,
     host: HostProvider,
+    connectors: Option<Connectors>,
     runner: RunnerConfig,
     concurrency: usize,
     engine: Option<Box<dyn FnOnce(EngineBuilder) -> EngineBuilder + Send>>,
@@ -63,6 +65,13 @@ impl AutomationsBuilder {
     /// The host functions of each tenant's scripts (none by default).
     pub fn host(mut self, host: impl Fn(&str) -> resumable_host::HostFunctions + Send + Sync + 'static) -> Self {
         self.host = Arc::new(host);
+        self
+    }
+
+    /// HTTP connectors the scripts may call beside the [`host`](Self::host) functions, each with
+    /// its approval policy (see [`crate::connector`]).
+    pub fn connectors(mut self, connectors: Connectors) -> Self {
+        self.connectors = Some(connectors);
         self
     }
 
@@ -116,6 +125,10 @@ impl AutomationsBuilder {
             runner,
             continuations,
             host: self.host,
+            connectors: match self.connectors {
+                Some(connectors) => connectors,
+                None => Connectors::none().map_err(|e| AutomationError::Config(e.to_string()))?,
+            },
             tokens: tokens.clone(),
             max_rounds: self.max_rounds,
             sessions: state.clone(),
@@ -159,6 +172,7 @@ impl Automations {
             db,
             secret: secret.to_vec(),
             host: Arc::new(|_| resumable_host::HostFunctions::empty()),
+            connectors: None,
             runner: RunnerConfig::new(),
             concurrency: DEFAULT_CONCURRENCY,
             engine: None,
@@ -283,15 +297,25 @@ impl Automations {
     /// arrives concurrently or after a retry, and even after the automation ended (of concurrent
     /// deliveries exactly one is applied). [`AutomationError::Ended`] is only for ids that were
     /// never decided in an automation that has ended.
-    pub async fn decide(&self, tenant: &str, id: &RunId, batch: DecisionBatch) -> Result<u32, AutomationError> {
-        let (run, _) = self.owned_run(tenant, id).await?;
+    ///
+    /// The decider (`batch.actor`, holding `roles`) must hold a role that may decide each request:
+    /// one of a connector's `approvers`, or [`APPROVER_ROLE`] for any other request; and a
+    /// connector with `four_eyes` refuses its submitter ([`AutomationError::FourEyes`]).
+    pub async fn decide(
+        &self,
+        tenant: &str,
+        id: &RunId,
+        batch: DecisionBatch,
+        roles: &[&str],
+    ) -> Result<u32, AutomationError> {
+        let (run, input) = self.owned_run(tenant, id).await?;
         if self.all_decided(id, &batch).await? {
             return Err(AutomationError::AlreadyDecided);
         }
         if run.status.is_terminal() {
             return Err(AutomationError::Ended(run.status));
         }
-        match self.deliver(tenant, id, &batch).await {
+        match self.deliver(tenant, id, &batch, |pending| authorize(pending, &batch, roles, &input.submitted_by)).await {
             Ok(round) => Ok(round),
             // The round may have moved on, or the automation ended, since the first look: what
             // was decided meanwhile decides the answer.
@@ -310,7 +334,13 @@ impl Automations {
 
     /// Delivers `batch` to the open round's hook, if it decides that round's pending requests;
     /// [`AutomationError::AlreadyDecided`] when another batch got there first.
-    async fn deliver(&self, tenant: &str, id: &RunId, batch: &DecisionBatch) -> Result<u32, AutomationError> {
+    async fn deliver(
+        &self,
+        tenant: &str,
+        id: &RunId,
+        batch: &DecisionBatch,
+        authorize: impl FnOnce(&[PendingRequest]) -> Result<(), AutomationError>,
+    ) -> Result<u32, AutomationError> {
         let log = EventLog::read(&self.engine, id).await?;
         let Some((round, _)) = log.open_round() else { return Err(AutomationError::NotWaiting) };
         let token = self.tokens.for_round(id.as_str(), round);
@@ -326,6 +356,7 @@ impl Automations {
         let pending: Vec<PendingRequest> = serde_json::from_value(hook.metadata["pending"].clone())
             .map_err(|e| AutomationError::Internal(format!("hook metadata: {e}")))?;
         batch.validate(pending.iter().map(|p| p.interruption_id.as_str())).map_err(AutomationError::Invalid)?;
+        authorize(&pending)?;
         match self.engine.resume_hook(&token, batch.to_value()).await {
             Ok(receipt) if receipt.index == 0 => Ok(round),
             // Disposed meanwhile (a decision moved the round on, or the automation ended), or
@@ -379,6 +410,34 @@ impl Automations {
         self.owned_run(tenant, id).await?;
         Ok(self.engine.read_stream(id, from).await?)
     }
+}
+
+/// The role that may decide any request but a connector's that names its own approvers.
+pub const APPROVER_ROLE: &str = "approver";
+
+/// Whether a decider holding `roles` may decide each request `batch` decides in `pending`.
+fn authorize(
+    pending: &[PendingRequest],
+    batch: &DecisionBatch,
+    roles: &[&str],
+    submitted_by: &str,
+) -> Result<(), AutomationError> {
+    for decision in &batch.decisions {
+        let id = &decision.interruption_id;
+        let Some(request) = pending.iter().find(|p| &p.interruption_id == id).map(|p| &p.request) else { continue };
+        let approvers: Vec<&str> = if request["kind"] == APPROVAL_KIND {
+            request["approvers"].as_array().into_iter().flatten().filter_map(Value::as_str).collect()
+        } else {
+            vec![APPROVER_ROLE]
+        };
+        if !roles.iter().any(|role| approvers.contains(role)) {
+            return Err(AutomationError::NotApprover(id.clone()));
+        }
+        if request["kind"] == APPROVAL_KIND && request["fourEyes"] == Value::Bool(true) && batch.actor == submitted_by {
+            return Err(AutomationError::FourEyes(id.clone()));
+        }
+    }
+    Ok(())
 }
 
 fn not_found(e: EngineError) -> AutomationError {

@@ -239,6 +239,10 @@ pub enum AutomationError {
     IdempotencyConflict,
     /// The decision batch does not fit the pending requests.
     Invalid(InvalidDecisions),
+    /// The decider holds none of the roles that may decide this request.
+    NotApprover(String),
+    /// The request is the decider's own, and its function requires a second pair of eyes.
+    FourEyes(String),
     /// The service is misconfigured.
     Config(String),
     /// The engine or the database failed.
@@ -257,6 +261,10 @@ impl fmt::Display for AutomationError {
                 f.write_str("this idempotency key was used for a different script or context")
             }
             AutomationError::Invalid(e) => write!(f, "invalid decisions: {e}"),
+            AutomationError::NotApprover(id) => write!(f, "this API key holds no role that may decide {id:?}"),
+            AutomationError::FourEyes(id) => {
+                write!(f, "{id:?} was submitted by this actor, and its function needs another person to decide it")
+            }
             AutomationError::Config(m) => write!(f, "configuration error: {m}"),
             AutomationError::Internal(m) => write!(f, "internal error: {m}"),
         }

@@ -10,6 +10,7 @@ use serde_json::{Value, json};
 
 use super::decision::DecisionBatch;
 use super::token::HookTokens;
+use crate::connector::{CallScope, Connectors};
 use crate::continuations::SqlContinuationStore;
 use crate::fault::{self, FaultPoint};
 use crate::session::SessionState;
@@ -74,6 +75,7 @@ pub(crate) struct Deps {
     pub(crate) runner: Runner,
     pub(crate) continuations: SqlContinuationStore,
     pub(crate) host: HostProvider,
+    pub(crate) connectors: Connectors,
     pub(crate) tokens: HookTokens,
     pub(crate) max_rounds: u32,
     pub(crate) sessions: SessionState,
@@ -87,7 +89,7 @@ fn console_json(outcome_console: &[resumable_runner::ConsoleLine]) -> Vec<Value>
 /// was submitted with (part of the continuation's scope, so every round sees the same value), and
 /// for a session's command the `session.*` functions on its state.
 fn with_context(
-    host: HostFunctions,
+    hosts: &[HostFunctions],
     context: &Value,
     session: Option<(&SessionState, &str)>,
 ) -> Result<HostFunctions, StepError> {
@@ -95,7 +97,7 @@ fn with_context(
     if let Some((state, session)) = session {
         builder = state.register(builder, session);
     }
-    for name in host.names() {
+    for (host, name) in hosts.iter().flat_map(|host| host.names().map(move |name| (host, name))) {
         let (host, name_owned) = (host.clone(), name.to_owned());
         builder = builder.function(name, move |ctx, args| {
             let resumed = ctx.resume().is_some();
@@ -136,7 +138,11 @@ impl Deps {
     ) -> Result<RoundResult, StepError> {
         let mut request = RunRequest::new(input.source.as_str())
             .host(with_context(
-                (self.host)(&input.tenant),
+                &[
+                    (self.host)(&input.tenant),
+                    self.connectors
+                        .host_functions(&CallScope { tenant: input.tenant.clone(), actor: input.submitted_by.clone() }),
+                ],
                 &input.context,
                 input.session.as_deref().map(|s| (&self.sessions, s)),
             )?)

@@ -41,9 +41,19 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Create or upgrade the database tables, then exit.
     Migrate(serve::MigrateArgs),
+    /// Work with a configuration file.
+    #[command(subcommand)]
+    Config(ConfigCommand),
     /// Serve runs on stdin/stdout as a worker process (started by the runner itself).
     #[command(name = "__worker", hide = true)]
     Worker,
+}
+
+/// What `resumable config` does.
+#[derive(Debug, Subcommand)]
+pub enum ConfigCommand {
+    /// Validate a configuration file without serving.
+    Check(serve::ConfigCheckArgs),
 }
 
 impl Cli {
@@ -54,6 +64,7 @@ impl Cli {
             Command::Inspect(args) => inspect::execute(args),
             Command::Serve(args) => serve::execute_serve(args),
             Command::Migrate(args) => serve::execute_migrate(args),
+            Command::Config(ConfigCommand::Check(args)) => serve::execute_config_check(args),
             Command::Worker => resumable::runner::process::serve_worker(),
         }
     }

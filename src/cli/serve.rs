@@ -3,14 +3,21 @@
 use super::usage_error;
 use clap::Args;
 use resumable::RunnerConfig;
+use resumable::config::{ConfigFile, ServeConfig};
 use resumable::runner::process::ProcessConfig;
-use resumable::server::{ServerConfig, load_keys, migrate, serve, shutdown_signal};
+use resumable::server::{ApiKeys, ServerConfig, load_keys, migrate, serve, shutdown_signal};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
 /// The database used when `--db` is not given.
 const DEFAULT_DB: &str = "sqlite://resumable.db";
+/// The address listened on when none is given.
+const DEFAULT_LISTEN: SocketAddr = SocketAddr::V4(std::net::SocketAddrV4::new(std::net::Ipv4Addr::LOCALHOST, 8080));
+/// The secret file used when none is given.
+const DEFAULT_SECRET_FILE: &str = "resumable.secret";
+/// The lease of a running automation when none is given.
+const DEFAULT_LEASE: std::time::Duration = std::time::Duration::from_secs(30);
 
 const SERVE_AFTER_HELP: &str = "\
 API keys come from --keys FILE, or else from the RESUMABLE_API_KEYS environment variable, as
@@ -23,49 +30,76 @@ or generated there with mode 0600 on first start. SIGTERM or Ctrl-C stops the se
 
 The approval inbox is at http://ADDR/: sign in with an API key to see and decide pending approvals.";
 
-/// Arguments of `resumable serve`.
+/// Arguments of `resumable serve`. A flag wins over its `RESUMABLE_*` environment variable,
+/// which wins over the `--config` file, which wins over the default.
 #[derive(Debug, Args)]
 #[command(after_help = SERVE_AFTER_HELP)]
 pub struct ServeArgs {
-    /// The database: sqlite://FILE or postgres://USER:PASSWORD@HOST/DB.
-    #[arg(long, value_name = "URL", default_value = DEFAULT_DB)]
-    db: String,
+    /// A TOML configuration file: keys, HTTP connector functions and their approval policies,
+    /// and any of the settings below (see docs/configuration.md).
+    #[arg(long, value_name = "FILE", env = "RESUMABLE_CONFIG")]
+    config: Option<PathBuf>,
 
-    /// The address to listen on.
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8080")]
-    listen: SocketAddr,
+    /// The database: sqlite://FILE or postgres://USER:PASSWORD@HOST/DB [default: sqlite://resumable.db].
+    #[arg(long, value_name = "URL", env = "RESUMABLE_DB")]
+    db: Option<String>,
+
+    /// The address to listen on [default: 127.0.0.1:8080].
+    #[arg(long, value_name = "ADDR", env = "RESUMABLE_LISTEN")]
+    listen: Option<SocketAddr>,
 
     /// Seed demo orders and accept the demo API keys.
-    #[arg(long)]
+    #[arg(long, env = "RESUMABLE_DEMO")]
     demo: bool,
 
-    /// A JSON file of API keys.
+    /// A JSON file of API keys (added to the configuration file's).
     #[arg(long, value_name = "PATH")]
     keys: Option<PathBuf>,
 
-    /// The file holding the server's secret (created with mode 0600 if missing).
-    #[arg(long, value_name = "PATH", default_value = "resumable.secret")]
-    secret_file: PathBuf,
+    /// The file holding the server's secret (created with mode 0600 if missing) [default: resumable.secret].
+    #[arg(long, value_name = "PATH", env = "RESUMABLE_SECRET_FILE")]
+    secret_file: Option<PathBuf>,
 
     /// Automations executing at once (each may run one script, in its own worker process,
-    /// started when first needed).
-    #[arg(long, value_name = "N", default_value_t = resumable::automation::DEFAULT_CONCURRENCY)]
-    workers: usize,
+    /// started when first needed) [default: 64].
+    #[arg(long, value_name = "N", env = "RESUMABLE_WORKERS")]
+    workers: Option<usize>,
 
     /// Seconds a crashed server's automations stay claimed before another server (or this one,
-    /// restarted) takes them over; running automations renew their claim a few times per lease.
-    #[arg(long, value_name = "SECONDS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..=3600))]
-    lease_secs: u64,
+    /// restarted) takes them over; running automations renew their claim a few times per lease
+    /// [default: 30].
+    #[arg(long, value_name = "SECONDS", env = "RESUMABLE_LEASE_SECS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    lease_secs: Option<u64>,
 
     /// Run scripts even where worker processes cannot be confined (no seccomp, say). Without
     /// it the server refuses to start there.
-    #[arg(long)]
+    #[arg(long, env = "RESUMABLE_ALLOW_UNCONFINED")]
     allow_unconfined: bool,
 
     /// Mark the inbox's session cookie Secure (browsers reach the server over HTTPS, e.g. through a
     /// TLS proxy); leave off for plain http://localhost.
-    #[arg(long)]
+    #[arg(long, env = "RESUMABLE_SECURE_COOKIES")]
     secure_cookies: bool,
+}
+
+/// Arguments of `resumable config check`.
+#[derive(Debug, Args)]
+pub struct ConfigCheckArgs {
+    /// The configuration file.
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+}
+
+/// Validates a configuration file without serving: prints a summary as JSON, or the error.
+pub fn execute_config_check(args: ConfigCheckArgs) -> ExitCode {
+    match ServeConfig::load(&args.file) {
+        Ok(config) => {
+            let functions: Vec<&str> = config.functions.iter().map(|(name, _, _)| name.as_str()).collect();
+            println!("{}", serde_json::json!({ "valid": true, "keys": config.keys.len(), "functions": functions }));
+            ExitCode::SUCCESS
+        }
+        Err(e) => usage_error(e),
+    }
 }
 
 /// Arguments of `resumable migrate`.
@@ -91,25 +125,37 @@ pub fn execute_serve(args: ServeArgs) -> ExitCode {
         .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
+    let file = match args.config.as_deref().map(ServeConfig::load).transpose() {
+        Ok(file) => file,
+        Err(e) => return usage_error(e),
+    };
     let keys = match load_keys(args.keys.as_deref()) {
         Ok(keys) => keys,
         Err(message) => return usage_error(message),
     };
+    let (settings, file_keys, functions) = match file {
+        Some(ServeConfig { file, keys, functions }) => (file, keys, functions),
+        None => (ConfigFile::default(), ApiKeys::default(), Vec::new()),
+    };
+    let keys = file_keys.merge(keys);
+    let allow_unconfined = args.allow_unconfined || settings.allow_unconfined.unwrap_or(false);
     // Untrusted scripts run in killable worker processes: this same program, as `resumable __worker`.
     let processes = match ProcessConfig::current_exe() {
-        Ok(p) => p.allow_unconfined(args.allow_unconfined),
+        Ok(p) => p.allow_unconfined(allow_unconfined),
         Err(e) => return usage_error(format!("cannot find this program to start workers: {e}")),
     };
+    let lease = args.lease_secs.map(std::time::Duration::from_secs).or(settings.lease.map(|l| l.0));
     let config = ServerConfig {
-        db_url: args.db.clone(),
-        listen: args.listen,
+        db_url: args.db.or(settings.database).unwrap_or_else(|| DEFAULT_DB.to_owned()),
+        listen: args.listen.or(settings.listen).unwrap_or(DEFAULT_LISTEN),
         demo: args.demo,
         keys,
-        secret_file: args.secret_file,
-        workers: args.workers.max(1),
+        secret_file: args.secret_file.or(settings.secret_file).unwrap_or_else(|| DEFAULT_SECRET_FILE.into()),
+        workers: args.workers.or(settings.workers).unwrap_or(resumable::automation::DEFAULT_CONCURRENCY).max(1),
         runner: RunnerConfig::new().processes(processes),
-        lease: std::time::Duration::from_secs(args.lease_secs),
-        secure_cookies: args.secure_cookies,
+        lease: lease.unwrap_or(DEFAULT_LEASE),
+        secure_cookies: args.secure_cookies || settings.secure_cookies.unwrap_or(false),
+        functions,
     };
     let rt = match runtime() {
         Ok(rt) => rt,

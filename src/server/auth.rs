@@ -6,22 +6,50 @@ use std::sync::Arc;
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
 use axum::http::request::Parts;
-use serde::Deserialize;
+use std::borrow::Cow;
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
 use super::AppState;
 use super::error::ApiError;
 use super::throttle::client_ip;
 
-/// What a caller may do.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Deserialize)]
-#[serde(rename_all = "snake_case")]
-#[non_exhaustive]
-pub enum Role {
+/// What a caller may do: a free-form name. Two are built in: [`Role::SUBMITTER`] submits and
+/// cancels automations, [`Role::APPROVER`] lists and decides approvals; a function's
+/// `approvers` may name others.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
+#[serde(try_from = "String")]
+pub struct Role(Cow<'static, str>);
+
+impl Role {
     /// Submit and cancel automations, read them.
-    Submitter,
+    pub const SUBMITTER: Role = Role(Cow::Borrowed("submitter"));
     /// List and decide approvals, read automations.
-    Approver,
+    pub const APPROVER: Role = Role(Cow::Borrowed("approver"));
+
+    /// The role's name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for Role {
+    type Error = String;
+
+    fn try_from(name: String) -> Result<Role, String> {
+        if name.is_empty() || name.len() > 64 || name.chars().any(|c| c.is_control() || c.is_whitespace()) {
+            return Err(format!("invalid role {name:?}: 1 to 64 characters, no spaces"));
+        }
+        Ok(Role(Cow::Owned(name)))
+    }
+}
+
+impl fmt::Display for Role {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
 }
 
 /// One configured API key.
@@ -36,6 +64,29 @@ pub struct ApiKeyConfig {
     pub tenant: String,
     /// What the actor may do.
     pub roles: Vec<Role>,
+}
+
+/// A key known by its SHA-256 digest, with whom it names.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ApiKeyEntry {
+    /// The SHA-256 digest of the key.
+    pub digest: [u8; 32],
+    /// The actor's name.
+    pub actor: String,
+    /// Its tenant.
+    pub tenant: String,
+    /// Its roles.
+    pub roles: Vec<Role>,
+}
+
+impl ApiKeyEntry {
+    /// The digest of `key`, refusing keys shorter than 8 characters.
+    pub fn digest_of(key: &str) -> Result<[u8; 32], KeysError> {
+        if key.chars().count() < 8 {
+            return Err(KeysError::TooShort(0));
+        }
+        Ok(digest(key))
+    }
 }
 
 /// The keys file (`--keys FILE` or the `RESUMABLE_API_KEYS` environment variable): `{"keys": [...]}`.
@@ -63,12 +114,13 @@ impl Caller {
         if self.roles.contains(&role) {
             Ok(())
         } else {
-            let name = match role {
-                Role::Submitter => "submitter",
-                Role::Approver => "approver",
-            };
-            Err(ApiError::forbidden(format!("this API key does not have the {name} role")))
+            Err(ApiError::forbidden(format!("this API key does not have the {role} role")))
         }
+    }
+
+    /// Whether the caller holds one of `roles`.
+    pub fn holds_any(&self, roles: &[String]) -> bool {
+        self.roles.iter().any(|r| roles.iter().any(|name| name == r.as_str()))
     }
 }
 
@@ -89,9 +141,12 @@ pub enum KeysError {
     /// The keys are not JSON of the expected shape.
     #[error("invalid API keys: {0}")]
     Json(#[source] serde_json::Error),
-    /// A key (counted from 1) is shorter than 8 characters.
+    /// A key (counted from 1; 0 when it has no place in a list) is shorter than 8 characters.
     #[error("API key #{0} is shorter than 8 characters")]
     TooShort(usize),
+    /// A key (counted from 1) has no role.
+    #[error("API key #{0} has no role")]
+    NoRoles(usize),
     /// A key (counted from 1) has no actor or no tenant.
     #[error("API key #{0} needs an actor and a tenant")]
     Incomplete(usize),
@@ -119,16 +174,27 @@ pub enum KeysError {
 impl ApiKeys {
     /// The keys of `config`; refuses short keys, duplicates and empty tenants.
     pub fn new(config: ApiKeysConfig) -> Result<ApiKeys, KeysError> {
-        let mut by_digest = HashMap::new();
+        let mut entries = Vec::with_capacity(config.keys.len());
         for (i, k) in config.keys.into_iter().enumerate() {
-            if k.key.len() < 8 {
-                return Err(KeysError::TooShort(i + 1));
-            }
+            let digest = ApiKeyEntry::digest_of(&k.key).map_err(|_| KeysError::TooShort(i + 1))?;
+            entries.push(ApiKeyEntry { digest, actor: k.actor, tenant: k.tenant, roles: k.roles });
+        }
+        ApiKeys::from_entries(entries)
+    }
+
+    /// The keys of `entries` (known by their digests); refuses duplicates, empty tenants or
+    /// actors, and keys without roles.
+    pub fn from_entries(entries: Vec<ApiKeyEntry>) -> Result<ApiKeys, KeysError> {
+        let mut by_digest = HashMap::new();
+        for (i, k) in entries.into_iter().enumerate() {
             if k.tenant.is_empty() || k.actor.is_empty() {
                 return Err(KeysError::Incomplete(i + 1));
             }
+            if k.roles.is_empty() {
+                return Err(KeysError::NoRoles(i + 1));
+            }
             let caller = Caller { actor: k.actor, tenant: k.tenant, roles: k.roles };
-            if by_digest.insert(digest(&k.key), caller).is_some() {
+            if by_digest.insert(k.digest, caller).is_some() {
                 return Err(KeysError::Duplicate(i + 1));
             }
         }
@@ -152,8 +218,8 @@ impl ApiKeys {
         };
         ApiKeys::new(ApiKeysConfig {
             keys: vec![
-                key("demo-acme", "acme-demo", "acme", vec![Role::Submitter, Role::Approver]),
-                key("demo-globex", "globex-demo", "globex", vec![Role::Approver]),
+                key("demo-acme", "acme-demo", "acme", vec![Role::SUBMITTER, Role::APPROVER]),
+                key("demo-globex", "globex-demo", "globex", vec![Role::APPROVER]),
             ],
         })
         .unwrap_or_default()
@@ -226,15 +292,20 @@ mod tests {
         let keys = ApiKeys::demo();
         assert_eq!(keys.len(), 2);
         let acme = keys.caller("demo-acme").unwrap();
-        assert_eq!((acme.tenant.as_str(), acme.require(Role::Approver)), ("acme", Ok(())));
-        assert!(keys.caller("demo-globex").unwrap().require(Role::Submitter).is_err());
+        assert_eq!((acme.tenant.as_str(), acme.require(Role::APPROVER)), ("acme", Ok(())));
+        assert!(keys.caller("demo-globex").unwrap().require(Role::SUBMITTER).is_err());
         assert!(keys.caller("demo-acm").is_none());
         assert!(ApiKeys::from_json(r#"{"keys":[{"key":"short","actor":"a","tenant":"t","roles":[]}]}"#).is_err());
+        let free_form = r#"{"keys":[{"key":"longenough","actor":"a","tenant":"t","roles":["finance"]}]}"#;
+        let finance = ApiKeys::from_json(free_form).unwrap();
+        assert!(finance.caller("longenough").unwrap().holds_any(&["finance".to_owned()]));
         assert!(
-            ApiKeys::from_json(r#"{"keys":[{"key":"longenough","actor":"a","tenant":"t","roles":["root"]}]}"#).is_err()
+            ApiKeys::from_json(r#"{"keys":[{"key":"longenough","actor":"a","tenant":"t","roles":[""]}]}"#).is_err()
         );
-        let twice = r#"{"keys":[{"key":"longenough","actor":"a","tenant":"t","roles":[]},
-                                {"key":"longenough","actor":"b","tenant":"t","roles":[]}]}"#;
+        let no_roles = r#"{"keys":[{"key":"longenough","actor":"a","tenant":"t","roles":[]}]}"#;
+        assert!(ApiKeys::from_json(no_roles).unwrap_err().to_string().contains("no role"));
+        let twice = r#"{"keys":[{"key":"longenough","actor":"a","tenant":"t","roles":["approver"]},
+                                {"key":"longenough","actor":"b","tenant":"t","roles":["approver"]}]}"#;
         assert!(ApiKeys::from_json(twice).unwrap_err().to_string().contains("twice"));
     }
 }

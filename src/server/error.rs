@@ -89,6 +89,8 @@ impl From<AutomationError> for ApiError {
             AutomationError::IdempotencyConflict => {
                 ApiError::new(StatusCode::CONFLICT, "IDEMPOTENCY_CONFLICT", message)
             }
+            AutomationError::NotApprover(_) => ApiError::new(StatusCode::FORBIDDEN, "NOT_APPROVER", message),
+            AutomationError::FourEyes(_) => ApiError::new(StatusCode::FORBIDDEN, "FOUR_EYES", message),
             AutomationError::Invalid(_) => {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "INVALID_DECISIONS", message)
             }

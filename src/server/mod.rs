@@ -25,7 +25,7 @@ use axum::routing::{get, post};
 use resumable_runner::RunnerConfig;
 use tokio::sync::watch;
 
-pub use auth::{ApiKeyConfig, ApiKeys, ApiKeysConfig, Caller, KeysError, Role};
+pub use auth::{ApiKeyConfig, ApiKeyEntry, ApiKeys, ApiKeysConfig, Caller, KeysError, Role};
 pub use error::ApiError;
 pub use inbox::InboxSettings;
 pub use routes::MAX_SOURCE_BYTES;
@@ -34,6 +34,8 @@ pub use start_error::ServerError;
 pub use throttle::AuthThrottle;
 
 use crate::automation::Automations;
+use crate::config::{FunctionConfig, FunctionName};
+use crate::connector::Connectors;
 use crate::db::AppDb;
 use crate::orders::OrderBook;
 
@@ -123,6 +125,8 @@ pub struct ServerConfig {
     /// Mark the inbox's session cookie `Secure`: set it when browsers reach the server over HTTPS
     /// (e.g. behind a TLS-terminating proxy); off for plain `http://localhost`.
     pub secure_cookies: bool,
+    /// The HTTP connector host functions (from the configuration file), with their secrets.
+    pub functions: Vec<(FunctionName, FunctionConfig, Vec<u8>)>,
 }
 
 /// The service's parts, opened on one database.
@@ -142,6 +146,7 @@ pub async fn open_service(
     demo: bool,
     runner: RunnerConfig,
     lease: Duration,
+    connectors: Connectors,
 ) -> Result<Service, ServerError> {
     let db = AppDb::open(db_url).await?;
     let store = db.store();
@@ -152,6 +157,7 @@ pub async fn open_service(
     let host = orders.clone();
     let automations = Automations::builder(store, db, secret)
         .host(move |tenant| host.host_functions(tenant))
+        .connectors(connectors)
         .runner(runner)
         .concurrency(workers)
         .engine(move |engine| engine.lease(lease))
@@ -178,8 +184,10 @@ pub async fn serve(
         return Err(ServerError::NoKeys);
     }
     check_workers(&config.runner).await?;
+    let connectors = Connectors::new(config.functions)?;
     let service =
-        open_service(&config.db_url, &secret, config.workers, config.demo, config.runner, config.lease).await?;
+        open_service(&config.db_url, &secret, config.workers, config.demo, config.runner, config.lease, connectors)
+            .await?;
     let listen = |source| ServerError::Listen { address: config.listen, source };
     let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(listen)?;
     let local = listener.local_addr().map_err(listen)?;

@@ -66,7 +66,7 @@ pub async fn submit(
     caller: Caller,
     ApiJson(req): ApiJson<SubmitRequest>,
 ) -> Result<Response, ApiError> {
-    caller.require(Role::Submitter)?;
+    caller.require(Role::SUBMITTER)?;
     if req.source.len() > MAX_SOURCE_BYTES {
         return Err(ApiError::too_large(format!("the script is larger than {MAX_SOURCE_BYTES} bytes")));
     }
@@ -126,7 +126,7 @@ pub(super) fn ndjson_events(reader: StreamReader, shutting_down: watch::Receiver
 
 /// The caller's tenant's pending approvals, oldest first.
 pub async fn approvals(State(state): State<AppState>, caller: Caller) -> Result<Json<Value>, ApiError> {
-    caller.require(Role::Approver)?;
+    caller.require(Role::APPROVER)?;
     let approvals = state.automations.pending_approvals(&caller.tenant, MAX_APPROVALS).await?;
     Ok(Json(json!({ "approvals": approvals })))
 }
@@ -138,9 +138,10 @@ pub async fn decide(
     Path(id): Path<String>,
     ApiJson(req): ApiJson<DecisionsRequest>,
 ) -> Result<Response, ApiError> {
-    caller.require(Role::Approver)?;
+    // Which roles may decide depends on each request: the automation checks them.
     let batch = DecisionBatch { decisions: req.decisions, actor: caller.actor.clone() };
-    let round = state.automations.decide(&caller.tenant, &automation_id(&id)?, batch).await?;
+    let roles: Vec<&str> = caller.roles.iter().map(Role::as_str).collect();
+    let round = state.automations.decide(&caller.tenant, &automation_id(&id)?, batch, &roles).await?;
     crate::fault::reached(crate::fault::FaultPoint::DecisionCommitted);
     tracing::info!(automation = %id, round, actor = %caller.actor, "decision delivered");
     Ok((StatusCode::ACCEPTED, Json(json!({ "id": id, "round": round }))).into_response())
@@ -152,7 +153,7 @@ pub async fn cancel(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
-    caller.require(Role::Submitter)?;
+    caller.require(Role::SUBMITTER)?;
     let status = state.automations.cancel(&caller.tenant, &automation_id(&id)?).await?;
     Ok((StatusCode::ACCEPTED, Json(json!({ "id": id, "status": status }))).into_response())
 }

@@ -99,7 +99,7 @@ pub async fn start(
     caller: Caller,
     ApiJsonOrDefault(req): ApiJsonOrDefault<StartRequest>,
 ) -> Result<Response, Failure> {
-    caller.require(Role::Submitter)?;
+    caller.require(Role::SUBMITTER)?;
     let defaults = SessionOptions::default();
     let options = SessionOptions {
         idle: req.idle_ms.map_or(defaults.idle, Duration::from_millis),
@@ -122,7 +122,7 @@ pub async fn command(
     Path(id): Path<String>,
     ApiJson(req): ApiJson<CommandRequest>,
 ) -> Result<Response, Failure> {
-    caller.require(Role::Submitter)?;
+    caller.require(Role::SUBMITTER)?;
     let id = session_id(&id)?;
     let sessions = state.automations.sessions();
     if req.source.trim() == DESTROY_COMMAND {
@@ -142,7 +142,7 @@ pub async fn cancel(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Response, Failure> {
-    caller.require(Role::Submitter)?;
+    caller.require(Role::SUBMITTER)?;
     let id = session_id(&id)?;
     let command = state.automations.sessions().cancel_command(&caller.tenant, &id).await?;
     Ok((StatusCode::ACCEPTED, Json(json!({ "session": id, "command": command, "status": "cancelled" })))
@@ -155,7 +155,7 @@ pub async fn destroy(
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Response, Failure> {
-    caller.require(Role::Submitter)?;
+    caller.require(Role::SUBMITTER)?;
     let id = session_id(&id)?;
     state.automations.sessions().destroy(&caller.tenant, &id, &caller.actor).await?;
     Ok((StatusCode::ACCEPTED, Json(json!({ "session": id, "status": "destroyed" }))).into_response())

@@ -19,8 +19,13 @@ pub enum ServerError {
     #[error(transparent)]
     Keys(#[from] KeysError),
     /// No API key is configured.
-    #[error("no API keys are configured: pass --keys FILE, set RESUMABLE_API_KEYS, or use --demo")]
+    #[error(
+        "no API keys are configured: list them in the --config file, pass --keys FILE, set RESUMABLE_API_KEYS, or use --demo"
+    )]
     NoKeys,
+    /// The configured HTTP connectors cannot be set up.
+    #[error(transparent)]
+    Connectors(#[from] crate::connector::ConnectorError),
     /// The database cannot be opened, migrated or seeded.
     #[error(transparent)]
     Database(#[from] DbError),

@@ -100,7 +100,7 @@ pub fn render(viewer: Viewer<'_>, view: &AutomationView) -> Html {
         for r in &pending.requests {
             html!(main, "{}", request::render(r));
         }
-        if viewer.caller.roles.contains(&Role::Approver) {
+        if viewer.caller.roles.contains(&Role::APPROVER) {
             html!(main, "{}", decision_form::render(pending, viewer.csrf));
         } else {
             html!(main, "<p class=\"notice\" role=\"status\">{}</p>\n", NOT_AN_APPROVER);

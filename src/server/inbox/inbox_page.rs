@@ -38,7 +38,7 @@ pub fn approval(approval: &PendingApproval, csrf: Option<&str>) -> Html {
 
 /// The inbox page of `viewer` with these pending approvals.
 pub fn render(viewer: Viewer<'_>, approvals: &[PendingApproval]) -> Html {
-    let approver = viewer.caller.roles.contains(&Role::Approver);
+    let approver = viewer.caller.roles.contains(&Role::APPROVER);
     let mut main = Html::new();
     html!(main, "<h1>Pending approvals <span class=\"count\">{}</span></h1>\n", approvals.len());
     if !approver {

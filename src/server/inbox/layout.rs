@@ -18,14 +18,7 @@ pub struct Viewer<'a> {
 
 /// The role names of `caller`, comma-separated (`none` when it has none).
 pub fn roles(caller: &Caller) -> String {
-    let names: Vec<&str> = caller
-        .roles
-        .iter()
-        .map(|r| match r {
-            Role::Submitter => "submitter",
-            Role::Approver => "approver",
-        })
-        .collect();
+    let names: Vec<&str> = caller.roles.iter().map(Role::as_str).collect();
     if names.is_empty() { "none".to_owned() } else { names.join(", ") }
 }
 

@@ -99,7 +99,7 @@ pub async fn decide(
     ProtectedForm { session, form }: ProtectedForm,
 ) -> Result<Response, PageError> {
     let caller = &session.caller;
-    caller.require(Role::Approver)?;
+    caller.require(Role::APPROVER)?;
     let run = automation_id(&id)?;
     let view = state.automations.get(&caller.tenant, &run).await?;
     let Some(pending) = view.pending else {
@@ -113,7 +113,8 @@ pub async fn decide(
         return Err(error.into());
     };
     let batch = decision_form::parse(&form, &pending, &caller.actor)?;
-    let round = state.automations.decide(&caller.tenant, &run, batch).await?;
+    let roles: Vec<&str> = caller.roles.iter().map(Role::as_str).collect();
+    let round = state.automations.decide(&caller.tenant, &run, batch, &roles).await?;
     tracing::info!(automation = %run, round, actor = %caller.actor, "decision delivered from the inbox");
     Ok(Redirect::to(&format!("/automations/{run}")).into_response())
 }

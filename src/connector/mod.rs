@@ -1,0 +1,260 @@
+//! HTTP connectors: host functions declared in the configuration file, each a signed request to
+//! an application's URL, with an approval policy evaluated before anything is sent.
+//!
+//! A call `billing.refund("A-1002", 1500)` is mapped to the function's `params` in order and
+//! validated against their JSON Schemas. When its policy requires approval the run interrupts
+//! before any request; once approved the call runs again with the recorded arguments and the
+//! decision, and one request is sent (retried with the call's stable idempotency key). A
+//! rejected call sends nothing: the script gets `{approved: false, reason, decidedBy}`.
+
+mod policy;
+mod request;
+mod signature;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use resumable_host::{HostCallContext, HostError, HostFunctions, HostFunctionsBuilder};
+use serde_json::{Map, Value, json};
+
+pub use policy::Predicates;
+pub use signature::sign;
+
+use crate::config::{Approval, FunctionConfig, FunctionName, placeholders_in};
+use request::Sender;
+
+/// The interrupt payload's `kind` for a connector's approval request.
+pub const APPROVAL_KIND: &str = "connector-approval";
+
+/// One configured function, ready to call.
+struct Connector {
+    name: FunctionName,
+    config: FunctionConfig,
+    secret: Vec<u8>,
+    validators: Vec<jsonschema::Validator>,
+}
+
+/// Why the connectors could not be set up.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConnectorError {
+    /// A parameter's schema does not compile.
+    #[error("{function}: parameter {param}: {message}")]
+    Schema {
+        /// The function.
+        function: String,
+        /// The parameter.
+        param: String,
+        /// Why.
+        message: String,
+    },
+    /// The HTTP client could not be built.
+    #[error("the HTTP client: {0}")]
+    Client(#[source] reqwest::Error),
+    /// The predicates' runner could not start.
+    #[error("the approval predicates' runner: {0}")]
+    Predicates(#[source] resumable_runner::ConfigError),
+}
+
+/// The configured HTTP connectors, shared by every run.
+#[derive(Clone)]
+pub struct Connectors {
+    functions: Arc<Vec<Connector>>,
+    sender: Sender,
+    /// The predicates' runner, when some function has a `when` policy.
+    predicates: Option<Predicates>,
+}
+
+impl std::fmt::Debug for Connectors {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let names: Vec<&str> = self.functions.iter().map(|c| c.name.as_str()).collect();
+        f.debug_struct("Connectors").field("functions", &names).finish_non_exhaustive()
+    }
+}
+
+/// Who a call is made for: the request names them.
+#[derive(Clone, Debug)]
+pub struct CallScope {
+    /// The tenant whose script calls.
+    pub tenant: String,
+    /// Who submitted the automation.
+    pub actor: String,
+}
+
+impl Connectors {
+    /// Connectors for `functions` (name, configuration, signing secret).
+    pub fn new(functions: Vec<(FunctionName, FunctionConfig, Vec<u8>)>) -> Result<Connectors, ConnectorError> {
+        let mut connectors = Vec::with_capacity(functions.len());
+        for (name, config, secret) in functions {
+            let mut validators = Vec::with_capacity(config.params.len());
+            for param in &config.params {
+                let validator = jsonschema::validator_for(&param.schema.0).map_err(|e| ConnectorError::Schema {
+                    function: name.to_string(),
+                    param: param.name.clone(),
+                    message: e.to_string(),
+                })?;
+                validators.push(validator);
+            }
+            connectors.push(Connector { name, config, secret, validators });
+        }
+        let predicated = connectors.iter().any(|c| matches!(c.config.approval, Approval::When(_)));
+        Ok(Connectors {
+            functions: Arc::new(connectors),
+            sender: Sender::new().map_err(ConnectorError::Client)?,
+            predicates: if predicated { Some(Predicates::new().map_err(ConnectorError::Predicates)?) } else { None },
+        })
+    }
+
+    /// No connectors.
+    pub fn none() -> Result<Connectors, ConnectorError> {
+        Connectors::new(Vec::new())
+    }
+
+    /// The configuration of function `name`, if it is a connector.
+    pub fn config(&self, name: &str) -> Option<&FunctionConfig> {
+        self.functions.iter().find(|c| c.name.as_str() == name).map(|c| &c.config)
+    }
+
+    /// The functions `scope`'s tenant may call.
+    pub fn host_functions(&self, scope: &CallScope) -> HostFunctions {
+        // The names were checked when the configuration was read.
+        self.register(HostFunctions::builder(), scope).build().unwrap_or_else(|_| HostFunctions::empty())
+    }
+
+    /// Registers the functions `scope`'s tenant may call on `builder`.
+    pub fn register(&self, mut builder: HostFunctionsBuilder, scope: &CallScope) -> HostFunctionsBuilder {
+        for (index, connector) in self.functions.iter().enumerate() {
+            if connector.config.tenants.as_ref().is_some_and(|t| !t.contains(&scope.tenant)) {
+                continue;
+            }
+            let (connectors, scope) = (self.clone(), scope.clone());
+            builder = builder.function(connector.name.as_str(), move |ctx, args| {
+                let (connectors, scope) = (connectors.clone(), scope.clone());
+                async move { connectors.call(index, &scope, ctx, args).await }
+            });
+        }
+        builder
+    }
+
+    /// One call of function number `index`.
+    async fn call(
+        &self,
+        index: usize,
+        scope: &CallScope,
+        ctx: HostCallContext,
+        args: Vec<Value>,
+    ) -> Result<Value, HostError> {
+        let connector = &self.functions[index];
+        let name = connector.name.as_str();
+        let arguments = connector.arguments(args)?;
+        let decision = match ctx.resume() {
+            Some(resume) => {
+                if resume.payload["arguments"] != Value::Object(arguments.clone()) {
+                    return Err(HostError::new(format!(
+                        "{name}: this call's arguments differ from the ones that were approved"
+                    )));
+                }
+                let decision = resume.resolution.clone();
+                if decision["approved"] != Value::Bool(true) {
+                    return Ok(json!({
+                        "approved": false,
+                        "reason": decision.get("reason").cloned().unwrap_or(Value::Null),
+                        "decidedBy": decision.get("decidedBy").cloned().unwrap_or(json!([])),
+                    }));
+                }
+                Some(decision)
+            }
+            None => {
+                let arguments = Value::Object(arguments.clone());
+                let required = match &connector.config.approval {
+                    Approval::Never => false,
+                    Approval::Always => true,
+                    Approval::When(expression) => match &self.predicates {
+                        Some(predicates) => predicates.requires_approval(name, expression, &arguments).await,
+                        None => true,
+                    },
+                };
+                if required {
+                    return Err(ctx.interrupt(connector.approval_request(arguments)));
+                }
+                None
+            }
+        };
+        let mut body = json!({
+            "function": name,
+            "arguments": arguments,
+            "tenant": scope.tenant,
+            "actor": scope.actor,
+            "automation": ctx.logical_run_id(),
+            "call": ctx.index(),
+        });
+        if let Some(decision) = decision {
+            body["decision"] = decision;
+        }
+        self.sender.send(connector, &ctx, &body).await
+    }
+}
+
+impl Connector {
+    /// The positional `args` as named arguments, each checked against its schema.
+    fn arguments(&self, args: Vec<Value>) -> Result<Map<String, Value>, HostError> {
+        let name = self.name.as_str();
+        let params = &self.config.params;
+        if args.len() > params.len() {
+            return Err(HostError::new(format!("{name} takes {} arguments, {} given", params.len(), args.len())));
+        }
+        let mut arguments = Map::new();
+        let mut args = args.into_iter();
+        for (param, validator) in params.iter().zip(&self.validators) {
+            let value = args.next().unwrap_or(Value::Null);
+            if let Some(error) = validator.iter_errors(&value).next() {
+                return Err(HostError::new(format!("{name}: argument {}: {error}", param.name))
+                    .with_details(json!({ "code": "CONNECTOR_INVALID_ARGUMENT", "param": param.name })));
+            }
+            arguments.insert(param.name.clone(), value);
+        }
+        Ok(arguments)
+    }
+
+    /// What an approver is asked to decide.
+    fn approval_request(&self, arguments: Value) -> Value {
+        let summary = self.config.summary.as_deref().map(|t| render_summary(t, &arguments));
+        json!({
+            "kind": APPROVAL_KIND,
+            "function": self.name.as_str(),
+            "arguments": arguments,
+            "summary": summary,
+            "approvers": self.config.approvers,
+            "fourEyes": self.config.four_eyes,
+        })
+    }
+}
+
+/// `template` with each `{param}` replaced by the argument (strings without their quotes).
+fn render_summary(template: &str, arguments: &Value) -> String {
+    let mut out = template.to_owned();
+    let names: BTreeMap<&str, String> = placeholders_in(template)
+        .map(|name| {
+            let value = match &arguments[name] {
+                Value::String(s) => s.clone(),
+                other => other.to_string(),
+            };
+            (name, value)
+        })
+        .collect();
+    for (name, value) in names {
+        out = out.replace(&format!("{{{name}}}"), &value);
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_summary_names_the_arguments() {
+        let arguments = json!({ "order_id": "A-1", "amount": 1500 });
+        assert_eq!(render_summary("Refund {amount} on order {order_id}", &arguments), "Refund 1500 on order A-1");
+    }
+}
