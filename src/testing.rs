@@ -28,6 +28,7 @@ impl TempDb {
     /// configured (never in a build without PostgreSQL).
     #[cfg(not(feature = "postgres"))]
     pub(crate) async fn postgres() -> Option<TempDb> {
+        eprintln!("skipped on PostgreSQL: this build has no postgres feature");
         None
     }
 

@@ -166,13 +166,13 @@ async fn two_rounds_and_a_parallel_batch() {
     let id = submit(&s, source).await;
     let view = settled(&s, &id).await;
     assert_eq!(view.pending.as_ref().unwrap().requests.len(), 2, "both refunds in one batch");
-    // A batch that misses one is refused and resumes nothing.
-    let partial = decide_all_ids(&["interrupt-1"]);
-    assert!(matches!(
-        s.automations.decide("acme", &id, partial, &["approver"]).await,
-        Err(AutomationError::Invalid(_))
-    ));
-    s.automations.decide("acme", &id, decide_all(&view, true), &["approver"]).await.unwrap();
+    // A batch that decides one of them counts; the round waits for the other.
+    s.automations.decide("acme", &id, decide_all_ids(&["interrupt-1"]), &["approver"]).await.unwrap();
+    let partly = s.automations.get("acme", &id).await.unwrap();
+    let progress = &partly.pending.as_ref().expect("still pending").progress;
+    assert_eq!(progress.iter().map(|p| p.approved_by.len()).collect::<Vec<_>>(), [1, 0], "{partly:?}");
+    assert!(s.orders.refunds("acme").await.unwrap().is_empty(), "nothing resumes before the round is decided");
+    s.automations.decide("acme", &id, decide_all_ids(&["interrupt-2"]), &["approver"]).await.unwrap();
     let view = settled(&s, &id).await;
     assert_eq!(view.pending.as_ref().map(|p| p.round), Some(2), "{view:?}");
     s.automations.decide("acme", &id, decide_all(&view, true), &["approver"]).await.unwrap();

@@ -191,6 +191,12 @@ secret = "{SECRET}"
 approval = "always"
 approvers = ["finance"]
 
+[functions."ops.wire"]
+url = "http://{app}/wire"
+secret = "{SECRET}"
+approval = "always"
+quorum = 2
+
 [functions."ops.throws"]
 url = "http://{app}/throws"
 params = [{{ name = "x", type = "object" }}]
@@ -205,12 +211,23 @@ approval = {{ when = "(() => {{ for (;;) {{}} }})()" }}
     )
 }
 
-/// A server on `dir` with the configuration for `app`, written with mode 0600.
-fn serve(dir: &TempDir, app: SocketAddr) -> Server {
+/// Writes `text` as the configuration file in `dir`, with mode 0600.
+fn write_config(dir: &TempDir, text: &str) -> std::path::PathBuf {
     let path = dir.path().join("resumable.toml");
-    std::fs::write(&path, config(app)).unwrap();
+    std::fs::write(&path, text).unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    Server::start(dir, &["--config", &path.display().to_string()])
+    path
+}
+
+/// A server on `dir` with the configuration for `app`.
+fn serve(dir: &TempDir, app: SocketAddr) -> Server {
+    serve_with_env(dir, app, &[])
+}
+
+/// Like [`serve`], with `env` added to the server's environment.
+fn serve_with_env(dir: &TempDir, app: SocketAddr, env: &[(&str, &str)]) -> Server {
+    let path = write_config(dir, &config(app));
+    Server::start_with_env(dir, &["--config", &path.display().to_string()], env)
 }
 
 async fn submit(client: &Client, source: &str) -> String {
@@ -373,4 +390,184 @@ async fn approver_roles_are_checked_and_predicates_fail_closed() {
         assert_eq!(approval["requests"].as_array().unwrap().len(), 1, "{script}: {approval}");
     }
     assert_eq!(app.attempts("throws") + app.attempts("loops"), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_needs_two_distinct_approvers_and_one_reject_ends_it() {
+    let (app, addr) = start_app().await;
+    let dir = TempDir::new("connector-quorum");
+    let server = serve(&dir, addr);
+    let (alice, bob) = (server.client(Some("key-alice-0001")), server.client(Some("key-bob-0001")));
+    let path = |id: &str| format!("/v1/automations/{id}/decisions");
+
+    let id = submit(&alice, "return await ops.wire()").await;
+    let approval = pending(&alice, &id).await;
+    let first = bob.post(&path(&id), &decision(&approval, true)).await;
+    assert_eq!(first.status, 202, "{}", first.text());
+    // Still pending, as 1 of 2 (the run wakes for the batch, counts it and waits again).
+    let view = pending(&alice, &id).await;
+    let progress = &view["progress"][0];
+    assert_eq!((&progress["approvedBy"], &progress["quorum"]), (&json!(["bob"]), &json!(2)), "{view}");
+    // The same approver again is a repeat.
+    let again = bob.post(&path(&id), &decision(&approval, true)).await;
+    assert_eq!(again.status, 409, "{}", again.text());
+    assert_eq!(again.json()["error"]["code"], "ALREADY_DECIDED");
+    assert_eq!(app.attempts("wire"), 0);
+    // A second, distinct approver completes it.
+    let second = alice.post(&path(&id), &decision(&approval, true)).await;
+    assert_eq!(second.status, 202, "{}", second.text());
+    let done = finished(&alice, &id).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let wires = app.received("wire");
+    assert_eq!(wires.len(), 1, "{wires:?}");
+    assert_eq!(wires[0].body["decision"]["decidedBy"], json!(["bob", "alice"]));
+
+    // One reject rejects, whatever the quorum.
+    let id = submit(&alice, "return await ops.wire()").await;
+    let approval = pending(&alice, &id).await;
+    assert_eq!(bob.post(&path(&id), &decision(&approval, true)).await.status, 202);
+    assert_eq!(alice.post(&path(&id), &decision(&approval, false)).await.status, 202);
+    let done = finished(&alice, &id).await;
+    assert_eq!(done["result"], json!({ "approved": false, "reason": "checked", "decidedBy": ["alice"] }), "{done}");
+    assert_eq!(app.attempts("wire"), 1, "a rejected call is never sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_killed_after_the_application_received_the_call_retries_it_with_the_same_key() {
+    let (app, addr) = start_app().await;
+    let dir = TempDir::new("connector-kill");
+    // Dies right after the approved call returned, before the round is recorded.
+    let mut server = serve_with_env(&dir, addr, &[("RESUMABLE_FAULT", "after-host-call")]);
+    let alice = server.client(Some("key-alice-0001"));
+    let id = submit(&alice, "const o = await billing.order('A-7'); return await billing.refund(o.id, 2500)").await;
+    let approval = pending(&alice, &id).await;
+    let body = decision(&approval, true).to_string();
+    let bob = server.client(Some("key-bob-0001"));
+    // The server may die before or after it answers: the decision is durable either way.
+    let _ = bob.try_send("POST", &format!("/v1/automations/{id}/decisions"), &[], Some(body.as_bytes())).await;
+    assert!(server.exited_within(WAIT), "the server never reached its fault point");
+    assert_eq!(app.received("refund").len(), 1, "the application received the call before the kill");
+
+    let server = serve(&dir, addr);
+    let alice = server.client(Some("key-alice-0001"));
+    let done = finished(&alice, &id).await;
+    assert_eq!(done["status"], "completed", "{done}");
+    let refunds = app.received("refund");
+    assert_eq!(refunds.len(), 2, "the call was retried once: {refunds:?}");
+    assert_eq!(refunds[0].key, refunds[1].key, "with the same idempotency key");
+    assert_eq!(refunds[0].body, refunds[1].body, "and the same request");
+    assert_eq!(done["result"]["key"], json!(refunds[0].key), "the application sees one effect: {done}");
+    assert_eq!(app.received("order").len(), 1, "the order read was recorded before the kill");
+}
+
+/// The names `GET /v1/functions` lists for `client`'s tenant.
+async fn function_names(client: &Client) -> Vec<String> {
+    let catalog = client.get("/v1/functions").await.json();
+    catalog["functions"].as_array().unwrap().iter().map(|f| f["name"].as_str().unwrap().to_owned()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hangup_reloads_functions_and_keys_while_a_pending_approval_completes() {
+    let (app, addr) = start_app().await;
+    let dir = TempDir::new("connector-reload");
+    let mut server = serve(&dir, addr);
+    let (alice, bob) = (server.client(Some("key-alice-0001")), server.client(Some("key-bob-0001")));
+    let waiting = submit(&alice, "return await billing.refund('A-9', 5000)").await;
+    let approval = pending(&alice, &waiting).await;
+    assert!(!function_names(&alice).await.contains(&"ops.added".to_owned()));
+
+    // A file that fails its checks changes nothing.
+    write_config(&dir, &format!("{}\n[functions.\"ops.added\"]\nurl = \"ftp://nowhere\"\n", config(addr)));
+    let hangup = |pid: u32| {
+        // SAFETY: kill(2) with a child's pid and a valid signal number has no memory effects.
+        assert_eq!(unsafe { libc::kill(i32::try_from(pid).unwrap(), libc::SIGHUP) }, 0);
+    };
+    hangup(server.pid());
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !server.log_text().contains("configuration not reloaded") {
+        assert!(tokio::time::Instant::now() < deadline, "{}", server.log_text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(server.is_running());
+
+    // A good one adds a function and a key, at once.
+    let added = format!(
+        "{}\n[functions.\"ops.added\"]\nurl = \"http://{addr}/added\"\nsecret = \"{SECRET}\"\n\n\
+         [[keys]]\nkey = \"key-dave-0001\"\nactor = \"dave\"\ntenant = \"acme\"\nroles = [\"submitter\"]\n",
+        config(addr)
+    );
+    write_config(&dir, &added);
+    hangup(server.pid());
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while !function_names(&alice).await.contains(&"ops.added".to_owned()) {
+        assert!(tokio::time::Instant::now() < deadline, "{}", server.log_text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let dave = server.client(Some("key-dave-0001"));
+    let id = submit(&dave, "return await ops.added()").await;
+    let done = finished(&dave, &id).await;
+    assert_eq!(done["result"]["ok"], "added", "{done}");
+
+    // The automation that waited through both reloads completes.
+    let accepted = bob.post(&format!("/v1/automations/{waiting}/decisions"), &decision(&approval, true)).await;
+    assert_eq!(accepted.status, 202, "{}", accepted.text());
+    let done = finished(&alice, &waiting).await;
+    assert_eq!(done["result"]["refunded"], 5000, "{done}");
+    assert_eq!(app.received("refund").len(), 1);
+}
+
+/// `tsc` from `tests/typescript/node_modules` (`npm ci --prefix tests/typescript`), or why not.
+fn tsc() -> Result<std::path::PathBuf, String> {
+    let tsc = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/typescript/node_modules/.bin/tsc");
+    if tsc.is_file() {
+        Ok(tsc)
+    } else {
+        Err("tests/typescript/node_modules is missing (npm ci --prefix tests/typescript)".into())
+    }
+}
+
+/// Type-checks `script`, wrapped as the body of an async function, against `declaration`.
+fn type_checks(dir: &TempDir, tsc: &std::path::Path, declaration: &str, script: &str) -> Result<(), String> {
+    std::fs::write(dir.path().join("functions.d.ts"), declaration).unwrap();
+    std::fs::write(dir.path().join("script.ts"), format!("async function script() {{\n{script}\n}}\n")).unwrap();
+    let output = std::process::Command::new(tsc)
+        .args(["--noEmit", "--strict", "--target", "es2022", "--lib", "es2022"])
+        .arg(dir.path().join("functions.d.ts"))
+        .arg(dir.path().join("script.ts"))
+        .output()
+        .expect("tsc runs");
+    if output.status.success() { Ok(()) } else { Err(String::from_utf8_lossy(&output.stdout).into_owned()) }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_catalog_lists_the_functions_and_its_declaration_type_checks_scripts() {
+    let tsc = match tsc() {
+        Ok(tsc) => tsc,
+        Err(why) if std::env::var_os("CI").is_some() => panic!("{why}"),
+        Err(why) => return eprintln!("skipped: {why}"),
+    };
+    let (_app, addr) = start_app().await;
+    let dir = TempDir::new("connector-catalog");
+    let server = serve(&dir, addr);
+    let alice = server.client(Some("key-alice-0001"));
+    let catalog = alice.get("/v1/functions").await.json();
+    let refund =
+        catalog["functions"].as_array().unwrap().iter().find(|f| f["name"] == "billing.refund").unwrap().clone();
+    assert_eq!(refund["namespace"], "billing");
+    assert_eq!(
+        refund["params"],
+        json!([{ "name": "order_id", "schema": { "type": "string" } }, { "name": "amount", "schema": { "type": "integer" } }])
+    );
+    assert_eq!(refund["approval"], json!({ "when": "args.amount > 1000" }));
+    assert_eq!((&refund["fourEyes"], &refund["approvers"]), (&json!(true), &json!(["approver"])));
+
+    let response = alice.get("/v1/functions.d.ts").await;
+    assert_eq!(response.status, 200);
+    let declaration = response.text();
+    assert!(declaration.contains("function refund(order_id: string, amount: number)"), "{declaration}");
+    let good = "const o = await billing.order('A-1'); return await billing.refund(o.id, 1500);";
+    type_checks(&dir, &tsc, &declaration, good).unwrap_or_else(|e| panic!("{e}\n{declaration}"));
+    let bad = "const o = await billing.order(42); return await billing.refund(o.id, 1500);";
+    let refused = type_checks(&dir, &tsc, &declaration, bad).expect_err("a number as order_id");
+    assert!(refused.contains("not assignable to parameter of type 'string'"), "{refused}");
 }

@@ -9,17 +9,17 @@ use crossbeam_channel::{Receiver, TryRecvError};
 use crate::Turn;
 
 /// The next job from `queue`, or `None` once every sender is gone. The first idle thread (the
-/// holder of the turn counted by `spinners`) polls for up to `spin` before it sleeps; the
-/// others sleep at once.
+/// holder of the turn counted by `spinners`) polls for up to `spin` before it sleeps, and keeps
+/// the turn while it sleeps; the others sleep at once. So at most one idle thread polls, and
+/// threads coming back from a job go to sleep without polling while one idle thread waits.
 pub fn next_job<T>(queue: &Receiver<T>, spinners: &AtomicUsize, spin: Duration) -> Option<T> {
-    if let Some(_spinning) = Turn::take(spinners) {
-        let started = Instant::now();
-        while started.elapsed() < spin {
-            match queue.try_recv() {
-                Ok(job) => return Some(job),
-                Err(TryRecvError::Disconnected) => return None,
-                Err(TryRecvError::Empty) => thread::yield_now(),
-            }
+    let started = Instant::now();
+    let spinning = Turn::take(spinners);
+    while spinning.is_some() && started.elapsed() < spin {
+        match queue.try_recv() {
+            Ok(job) => return Some(job),
+            Err(TryRecvError::Disconnected) => return None,
+            Err(TryRecvError::Empty) => thread::yield_now(),
         }
     }
     queue.recv().ok()

@@ -13,11 +13,11 @@
 //! events (each a JSON object with a `type`).
 
 mod decision;
+mod round;
 mod token;
 mod view;
 mod workflow;
 
-use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use resumable_runner::{Runner, RunnerConfig, StoredCodec};
@@ -28,6 +28,7 @@ use resumable_workflow::{
 use serde_json::Value;
 
 pub use decision::{Decision, DecisionBatch, InvalidDecisions, MAX_REASON_CHARS};
+pub use round::RequestProgress;
 pub use token::HookTokens;
 pub use view::{AutomationError, AutomationView, PendingApproval, RoundRecord};
 pub use workflow::{AutomationInput, HostProvider, PendingRequest, WORKFLOW};
@@ -36,6 +37,7 @@ use crate::connector::{APPROVAL_KIND, Connectors};
 use crate::continuations::SqlContinuationStore;
 use crate::db::AppDb;
 use crate::session::{SessionState, Sessions, WORKFLOW as SESSION_WORKFLOW, run_session};
+use round::{Refusal, RoundProgress};
 use view::EventLog;
 use workflow::{Deps, run_automation};
 
@@ -115,6 +117,10 @@ impl AutomationsBuilder {
         if self.secret.len() < 32 {
             return Err(AutomationError::Config("the secret must have at least 32 bytes".into()));
         }
+        let connectors = match self.connectors {
+            Some(connectors) => connectors,
+            None => Connectors::none().map_err(|e| AutomationError::Config(e.to_string()))?,
+        };
         let continuations = SqlContinuationStore::new(self.db.clone());
         let codec = StoredCodec::new(Arc::new(continuations.clone()));
         let runner = Runner::new(self.runner.workers(self.concurrency).codec(codec))
@@ -125,10 +131,7 @@ impl AutomationsBuilder {
             runner,
             continuations,
             host: self.host,
-            connectors: match self.connectors {
-                Some(connectors) => connectors,
-                None => Connectors::none().map_err(|e| AutomationError::Config(e.to_string()))?,
-            },
+            connectors: connectors.clone(),
             tokens: tokens.clone(),
             max_rounds: self.max_rounds,
             sessions: state.clone(),
@@ -150,7 +153,7 @@ impl AutomationsBuilder {
         let engine = builder.build();
         let _ = engine_slot.set(engine.clone());
         let sessions = Sessions::new(engine.clone(), tokens.clone(), state, self.policy_version.clone());
-        Ok(Automations { engine, tokens, policy_version: self.policy_version, sessions })
+        Ok(Automations { engine, tokens, policy_version: self.policy_version, sessions, connectors })
     }
 }
 
@@ -161,6 +164,7 @@ pub struct Automations {
     tokens: HookTokens,
     policy_version: String,
     sessions: Sessions,
+    connectors: Connectors,
 }
 
 impl Automations {
@@ -184,6 +188,11 @@ impl Automations {
     /// The workflow engine underneath.
     pub fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// The HTTP connectors the scripts may call (reload them to change them for new rounds).
+    pub fn connectors(&self) -> &Connectors {
+        &self.connectors
     }
 
     /// The session service on the same engine.
@@ -231,13 +240,20 @@ impl Automations {
         let log = EventLog::read(&self.engine, id).await?;
         let pending = match log.open_round() {
             Some((round, requests)) if !run.status.is_terminal() => {
-                let hook = self.engine.get_hook(&self.tokens.for_round(id.as_str(), round)).await?;
-                hook.filter(|h| h.received == 0).map(|h| PendingApproval {
-                    automation_id: id.clone(),
-                    round,
-                    requests,
-                    requested_at: h.created_at,
-                })
+                match self.engine.get_hook(&self.tokens.for_round(id.as_str(), round)).await? {
+                    Some(hook) => {
+                        let payloads = self.engine.hook_payloads(id, hook.position, hook.received).await?;
+                        let progress = RoundProgress::replay(&requests, &payloads);
+                        (!progress.is_decided()).then(|| PendingApproval {
+                            automation_id: id.clone(),
+                            round,
+                            requests,
+                            progress: progress.requests,
+                            requested_at: hook.created_at,
+                        })
+                    }
+                    None => None,
+                }
             }
             _ => None,
         };
@@ -344,10 +360,7 @@ impl Automations {
         let log = EventLog::read(&self.engine, id).await?;
         let Some((round, _)) = log.open_round() else { return Err(AutomationError::NotWaiting) };
         let token = self.tokens.for_round(id.as_str(), round);
-        let hook = match self.engine.get_hook(&token).await? {
-            Some(hook) if hook.received == 0 => hook,
-            _ => return Err(AutomationError::AlreadyDecided),
-        };
+        let Some(hook) = self.engine.get_hook(&token).await? else { return Err(AutomationError::AlreadyDecided) };
         let expected = (Some(tenant), Some(id.as_str()));
         let named = (hook.metadata["tenant"].as_str(), hook.metadata["automation"].as_str());
         if named != expected || hook.run_id != *id {
@@ -355,44 +368,59 @@ impl Automations {
         }
         let pending: Vec<PendingRequest> = serde_json::from_value(hook.metadata["pending"].clone())
             .map_err(|e| AutomationError::Internal(format!("hook metadata: {e}")))?;
-        batch.validate(pending.iter().map(|p| p.interruption_id.as_str())).map_err(AutomationError::Invalid)?;
+        let refused = |refusal| match refusal {
+            Refusal::Invalid(e) => AutomationError::Invalid(e),
+            Refusal::AlreadyDecided => AutomationError::AlreadyDecided,
+        };
+        let received = self.engine.hook_payloads(id, hook.position, hook.received).await?;
+        RoundProgress::replay(&pending, &received).check(batch).map_err(refused)?;
         authorize(&pending)?;
-        match self.engine.resume_hook(&token, batch.to_value()).await {
-            Ok(receipt) if receipt.index == 0 => Ok(round),
-            // Disposed meanwhile (a decision moved the round on, or the automation ended), or
-            // another batch was delivered first.
-            Ok(_) | Err(EngineError::HookNotFound) => Err(AutomationError::AlreadyDecided),
-            Err(e) => Err(e.into()),
-        }
+        let receipt = match self.engine.resume_hook(&token, batch.to_value()).await {
+            Ok(receipt) => receipt,
+            // Disposed meanwhile: the automation ended.
+            Err(EngineError::HookNotFound) => return Err(AutomationError::AlreadyDecided),
+            Err(e) => return Err(e.into()),
+        };
+        // Whether the batch counts depends only on the batches the hook received before it,
+        // which the workflow folds in the same order.
+        let before = self.engine.hook_payloads(id, hook.position, receipt.index).await?;
+        RoundProgress::replay(&pending, &before).check(batch).map_err(refused)?;
+        Ok(round)
     }
 
-    /// Whether every interruption `batch` names was decided already: it was pending in a round
-    /// whose hook received a decision (the engine's log of the run records both), and it is not
-    /// pending in a round that waits now. (An interruption id recurs when a resumed call
-    /// interrupts again; a batch naming it then decides the waiting round.)
+    /// Whether every interruption `batch` names was decided already, or by `batch`'s actor
+    /// already, in the latest round that asked for it (the engine's log records each round's hook
+    /// and payloads). An interruption id recurs when a resumed call interrupts again; a batch
+    /// naming it then decides the later round.
     async fn all_decided(&self, id: &RunId, batch: &DecisionBatch) -> Result<bool, AutomationError> {
         if batch.decisions.is_empty() {
             return Ok(false);
         }
         let events = self.engine.events(id).await?;
-        let received: BTreeSet<u64> = events
-            .iter()
-            .filter(|e| e.kind == EventKind::HookReceived)
-            .filter_map(|e| e.payload["position"].as_u64())
-            .collect();
-        let (mut decided, mut waiting) = (BTreeSet::new(), BTreeSet::new());
+        let received = |position: u64| {
+            let of_hook = |e: &&resumable_workflow::Event| e.payload["position"].as_u64() == Some(position);
+            events.iter().filter(|e| e.kind == EventKind::HookReceived).filter(of_hook).count() as u64
+        };
+        // Per interruption id, the progress of the latest round that asked for it.
+        let mut latest: std::collections::BTreeMap<String, RoundProgress> = std::collections::BTreeMap::new();
         for event in events.iter().filter(|e| e.kind == EventKind::HookCreated) {
             let metadata = &event.payload["metadata"];
+            let Some(position) = event.payload["position"].as_u64() else { continue };
             if metadata["automation"].as_str() != Some(id.as_str()) {
                 continue;
             }
-            let was_decided = event.payload["position"].as_u64().is_some_and(|p| received.contains(&p));
-            let ids = metadata["pending"].as_array().into_iter().flatten().filter_map(|p| p["interruptionId"].as_str());
-            if was_decided { decided.extend(ids) } else { waiting.extend(ids) }
+            let pending: Vec<PendingRequest> = serde_json::from_value(metadata["pending"].clone()).unwrap_or_default();
+            let position32 = u32::try_from(position).unwrap_or(u32::MAX);
+            let payloads = self.engine.hook_payloads(id, position32, received(position)).await?;
+            let progress = RoundProgress::replay(&pending, &payloads);
+            for request in &pending {
+                latest.insert(request.interruption_id.clone(), progress.clone());
+            }
         }
         Ok(batch.decisions.iter().all(|d| {
-            let id = d.interruption_id.as_str();
-            decided.contains(id) && !waiting.contains(id)
+            latest.get(&d.interruption_id).is_some_and(|progress| {
+                progress.decides(&d.interruption_id) || progress.decided_by(&d.interruption_id, &batch.actor)
+            })
         }))
     }
 

@@ -24,6 +24,8 @@ pub struct PendingApproval {
     pub round: u32,
     /// What the script asked for; decide every one.
     pub requests: Vec<PendingRequest>,
+    /// The decisions on each request so far (approvals against its quorum).
+    pub progress: Vec<super::round::RequestProgress>,
     /// When the approval was requested.
     #[serde(serialize_with = "serialize_time")]
     pub requested_at: SystemTime,

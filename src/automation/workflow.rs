@@ -3,12 +3,13 @@
 
 use std::sync::Arc;
 
-use resumable_runner::{Limit, LimitOverrides, Outcome, RunError, RunRequest, Runner};
+use resumable_runner::{Limit, LimitOverrides, Outcome, Resolution, RunError, RunRequest, Runner};
 use resumable_workflow::{StepContext, StepError, WorkflowContext, WorkflowError};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::decision::DecisionBatch;
+use super::round::RoundProgress;
 use super::token::HookTokens;
 use crate::connector::{CallScope, Connectors};
 use crate::continuations::SqlContinuationStore;
@@ -65,9 +66,32 @@ pub struct PendingRequest {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
 enum RoundResult {
-    Completed { value: Value, console: Vec<Value> },
-    Interrupted { continuation: String, pending: Vec<PendingRequest>, console: Vec<Value> },
-    Failed { code: String, message: String, console: Vec<Value> },
+    Completed {
+        value: Value,
+        console: Vec<Value>,
+    },
+    Interrupted {
+        continuation: String,
+        pending: Vec<PendingRequest>,
+        console: Vec<Value>,
+        /// The connectors the script ran with: later rounds get these alone, so a reload that
+        /// adds functions leaves a waiting automation's continuation valid (absent: every one).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        connectors: Option<Vec<String>>,
+    },
+    Failed {
+        code: String,
+        message: String,
+        console: Vec<Value>,
+    },
+}
+
+/// What the next round resumes from: the continuation, the decisions, and the connectors the
+/// interrupted round ran with.
+struct Resume {
+    continuation: String,
+    resolutions: Vec<Resolution>,
+    connectors: Option<Vec<String>>,
 }
 
 /// What the automation workflow needs.
@@ -133,16 +157,15 @@ impl Deps {
         &self,
         input: &AutomationInput,
         automation_id: &str,
-        resume: Option<(String, DecisionBatch)>,
+        resume: Option<Resume>,
         step: StepContext,
     ) -> Result<RoundResult, StepError> {
+        let scope = CallScope { tenant: input.tenant.clone(), actor: input.submitted_by.clone() };
+        let connectors = self.connectors.host_functions(&scope, resume.as_ref().and_then(|r| r.connectors.as_deref()));
+        let connector_names: Vec<String> = connectors.names().map(str::to_owned).collect();
         let mut request = RunRequest::new(input.source.as_str())
             .host(with_context(
-                &[
-                    (self.host)(&input.tenant),
-                    self.connectors
-                        .host_functions(&CallScope { tenant: input.tenant.clone(), actor: input.submitted_by.clone() }),
-                ],
+                &[(self.host)(&input.tenant), connectors],
                 &input.context,
                 input.session.as_deref().map(|s| (&self.sessions, s)),
             )?)
@@ -167,13 +190,13 @@ impl Deps {
                 return Ok(RoundResult::Failed { code: "RUN_ABORTED".to_owned(), message, console: Vec::new() });
             }
         }
-        if let Some((token, batch)) = resume {
+        if let Some(Resume { continuation: token, resolutions, .. }) = resume {
             if step.attempt > 1 {
                 // An earlier attempt may have claimed or consumed the token and died before it
                 // recorded the round's outcome: this attempt takes the token over.
                 self.continuations.take_over(&token).await.map_err(|e| StepError::retryable(e.to_string()))?;
             }
-            request = request.resume(token, batch.resolutions());
+            request = request.resume(token, resolutions);
         }
         match self.runner.run(request).await {
             Ok(Outcome::Completed(c)) => {
@@ -191,6 +214,7 @@ impl Deps {
                     .collect(),
                 console: console_json(&s.console),
                 continuation: s.continuation,
+                connectors: Some(connector_names),
             }),
             Err(e) if e.retryable => Err(StepError::retryable(error_text(e.code.as_str(), &e.message))),
             Err(RunError { code, message, console, .. }) => {
@@ -208,7 +232,7 @@ pub(crate) async fn run_automation(
 ) -> Result<Value, WorkflowError> {
     let input: AutomationInput = serde_json::from_value(input)?;
     let id = ctx.run_id().to_string();
-    let mut resume: Option<(String, DecisionBatch)> = None;
+    let mut resume: Option<Resume> = None;
     for round in 1..=deps.max_rounds {
         let result = {
             let (deps, input, id, resume) = (Arc::clone(&deps), input.clone(), id.clone(), resume.take());
@@ -230,7 +254,7 @@ pub(crate) async fn run_automation(
                 ctx.emit(&event).await?;
                 return Err(WorkflowError::msg(error_text(&code, &message)));
             }
-            RoundResult::Interrupted { continuation, pending, console } => {
+            RoundResult::Interrupted { continuation, pending, console, connectors } => {
                 let metadata = json!({
                     "tenant": input.tenant,
                     "automation": id,
@@ -242,19 +266,20 @@ pub(crate) async fn run_automation(
                 let event =
                     json!({ "type": "approval_requested", "round": round, "pending": pending, "console": console });
                 ctx.emit(&event).await?;
-                let ids: Vec<&str> = pending.iter().map(|p| p.interruption_id.as_str()).collect();
-                // The server validates before delivering; anything else arriving here is skipped.
-                let batch = loop {
-                    let payload = hook.next().await?;
-                    match serde_json::from_value::<DecisionBatch>(payload) {
-                        Ok(batch) if batch.validate(ids.iter().copied()).is_ok() => break batch,
-                        _ => continue,
+                // Batches arrive until every request is decided; the server checks each before it
+                // delivers it, and one that counts for nothing here is skipped (as the server
+                // told its sender).
+                let mut progress = RoundProgress::new(&pending);
+                while !progress.is_decided() {
+                    if let Ok(batch) = serde_json::from_value::<DecisionBatch>(hook.next().await?) {
+                        let _ = progress.apply(&batch);
                     }
-                };
+                }
+                let batch = progress.as_batch();
                 let event =
                     json!({ "type": "decided", "round": round, "actor": batch.actor, "decisions": batch.decisions });
                 ctx.emit(&event).await?;
-                resume = Some((continuation, batch));
+                resume = Some(Resume { continuation, resolutions: progress.resolutions(), connectors });
             }
         }
     }

@@ -137,6 +137,7 @@ pub fn execute_serve(args: ServeArgs) -> ExitCode {
         Some(ServeConfig { file, keys, functions }) => (file, keys, functions),
         None => (ConfigFile::default(), ApiKeys::default(), Vec::new()),
     };
+    let reload_from = args.config.clone().map(|path| (path, keys.clone()));
     let keys = file_keys.merge(keys);
     let allow_unconfined = args.allow_unconfined || settings.allow_unconfined.unwrap_or(false);
     // Untrusted scripts run in killable worker processes: this same program, as `resumable __worker`.
@@ -156,6 +157,7 @@ pub fn execute_serve(args: ServeArgs) -> ExitCode {
         lease: lease.unwrap_or(DEFAULT_LEASE),
         secure_cookies: args.secure_cookies || settings.secure_cookies.unwrap_or(false),
         functions,
+        reload_from,
     };
     let rt = match runtime() {
         Ok(rt) => rt,

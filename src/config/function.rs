@@ -207,9 +207,6 @@ impl FunctionConfig {
         if self.approvers.is_empty() || self.approvers.iter().any(String::is_empty) {
             return Err("approvers: name at least one role, none empty".to_owned());
         }
-        if self.quorum.is_some_and(|q| q.get() > 1) {
-            return Err("quorum: only 1 is supported by this version".to_owned());
-        }
         if let Some(summary) = &self.summary {
             for placeholder in placeholders_in(summary) {
                 if !names.contains(placeholder) {

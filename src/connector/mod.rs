@@ -7,14 +7,15 @@
 //! decision, and one request is sent (retried with the call's stable idempotency key). A
 //! rejected call sends nothing: the script gets `{approved: false, reason, decidedBy}`.
 
+mod catalog;
 mod policy;
 mod request;
 mod signature;
 
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
-use resumable_host::{HostCallContext, HostError, HostFunctions, HostFunctionsBuilder};
+use resumable_host::{HostCallContext, HostError, HostFunctions};
 use serde_json::{Map, Value, json};
 
 pub use policy::Predicates;
@@ -56,10 +57,16 @@ pub enum ConnectorError {
     Predicates(#[source] resumable_runner::ConfigError),
 }
 
-/// The configured HTTP connectors, shared by every run.
+/// The configured HTTP connectors, shared by every run; [`reload`](Connectors::reload) replaces
+/// them all at once (rounds that started keep the set they started with).
 #[derive(Clone)]
 pub struct Connectors {
-    functions: Arc<Vec<Connector>>,
+    current: Arc<RwLock<Arc<ConnectorSet>>>,
+}
+
+/// One configuration's connectors.
+struct ConnectorSet {
+    functions: Vec<Connector>,
     sender: Sender,
     /// The predicates' runner, when some function has a `when` policy.
     predicates: Option<Predicates>,
@@ -67,7 +74,8 @@ pub struct Connectors {
 
 impl std::fmt::Debug for Connectors {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let names: Vec<&str> = self.functions.iter().map(|c| c.name.as_str()).collect();
+        let set = self.snapshot();
+        let names: Vec<&str> = set.functions.iter().map(|c| c.name.as_str()).collect();
         f.debug_struct("Connectors").field("functions", &names).finish_non_exhaustive()
     }
 }
@@ -81,9 +89,70 @@ pub struct CallScope {
     pub actor: String,
 }
 
+/// A function's name and configuration with its signing secret, as the configuration file gives it.
+pub type FunctionSpec = (FunctionName, FunctionConfig, Vec<u8>);
+
 impl Connectors {
-    /// Connectors for `functions` (name, configuration, signing secret).
-    pub fn new(functions: Vec<(FunctionName, FunctionConfig, Vec<u8>)>) -> Result<Connectors, ConnectorError> {
+    /// Connectors for `functions`.
+    pub fn new(functions: Vec<FunctionSpec>) -> Result<Connectors, ConnectorError> {
+        Ok(Connectors { current: Arc::new(RwLock::new(Arc::new(ConnectorSet::new(functions)?))) })
+    }
+
+    /// No connectors.
+    pub fn none() -> Result<Connectors, ConnectorError> {
+        Connectors::new(Vec::new())
+    }
+
+    /// Replaces every connector with `functions`; on an error the current ones stay.
+    pub fn reload(&self, functions: Vec<FunctionSpec>) -> Result<(), ConnectorError> {
+        let set = Arc::new(ConnectorSet::new(functions)?);
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = set;
+        Ok(())
+    }
+
+    fn snapshot(&self) -> Arc<ConnectorSet> {
+        Arc::clone(&self.current.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// The configuration of function `name`, if it is a connector.
+    pub fn config(&self, name: &str) -> Option<FunctionConfig> {
+        self.snapshot().functions.iter().find(|c| c.name.as_str() == name).map(|c| c.config.clone())
+    }
+
+    /// The functions `tenant` may call (every function for `None`), described as JSON.
+    pub fn catalog(&self, tenant: Option<&str>) -> Value {
+        let set = self.snapshot();
+        catalog::describe(set.visible(tenant).map(|c| (&c.name, &c.config)))
+    }
+
+    /// The functions `tenant` may call (every function for `None`), declared in TypeScript.
+    pub fn typescript(&self, tenant: Option<&str>) -> String {
+        let set = self.snapshot();
+        catalog::typescript(set.visible(tenant).map(|c| (&c.name, &c.config)))
+    }
+
+    /// The functions `scope`'s tenant may call; of them only those named in `only`, if given.
+    pub fn host_functions(&self, scope: &CallScope, only: Option<&[String]>) -> HostFunctions {
+        let set = self.snapshot();
+        let mut builder = HostFunctions::builder();
+        for (index, connector) in set.functions.iter().enumerate() {
+            let named = only.is_none_or(|names| names.iter().any(|n| n == connector.name.as_str()));
+            if !connector.serves(&scope.tenant) || !named {
+                continue;
+            }
+            let (set, scope) = (Arc::clone(&set), scope.clone());
+            builder = builder.function(connector.name.as_str(), move |ctx, args| {
+                let (set, scope) = (Arc::clone(&set), scope.clone());
+                async move { set.call(index, &scope, ctx, args).await }
+            });
+        }
+        // The names were checked when the configuration was read.
+        builder.build().unwrap_or_else(|_| HostFunctions::empty())
+    }
+}
+
+impl ConnectorSet {
+    fn new(functions: Vec<FunctionSpec>) -> Result<ConnectorSet, ConnectorError> {
         let mut connectors = Vec::with_capacity(functions.len());
         for (name, config, secret) in functions {
             let mut validators = Vec::with_capacity(config.params.len());
@@ -98,42 +167,15 @@ impl Connectors {
             connectors.push(Connector { name, config, secret, validators });
         }
         let predicated = connectors.iter().any(|c| matches!(c.config.approval, Approval::When(_)));
-        Ok(Connectors {
-            functions: Arc::new(connectors),
+        Ok(ConnectorSet {
+            functions: connectors,
             sender: Sender::new().map_err(ConnectorError::Client)?,
             predicates: if predicated { Some(Predicates::new().map_err(ConnectorError::Predicates)?) } else { None },
         })
     }
 
-    /// No connectors.
-    pub fn none() -> Result<Connectors, ConnectorError> {
-        Connectors::new(Vec::new())
-    }
-
-    /// The configuration of function `name`, if it is a connector.
-    pub fn config(&self, name: &str) -> Option<&FunctionConfig> {
-        self.functions.iter().find(|c| c.name.as_str() == name).map(|c| &c.config)
-    }
-
-    /// The functions `scope`'s tenant may call.
-    pub fn host_functions(&self, scope: &CallScope) -> HostFunctions {
-        // The names were checked when the configuration was read.
-        self.register(HostFunctions::builder(), scope).build().unwrap_or_else(|_| HostFunctions::empty())
-    }
-
-    /// Registers the functions `scope`'s tenant may call on `builder`.
-    pub fn register(&self, mut builder: HostFunctionsBuilder, scope: &CallScope) -> HostFunctionsBuilder {
-        for (index, connector) in self.functions.iter().enumerate() {
-            if connector.config.tenants.as_ref().is_some_and(|t| !t.contains(&scope.tenant)) {
-                continue;
-            }
-            let (connectors, scope) = (self.clone(), scope.clone());
-            builder = builder.function(connector.name.as_str(), move |ctx, args| {
-                let (connectors, scope) = (connectors.clone(), scope.clone());
-                async move { connectors.call(index, &scope, ctx, args).await }
-            });
-        }
-        builder
+    fn visible<'a>(&'a self, tenant: Option<&'a str>) -> impl Iterator<Item = &'a Connector> + 'a {
+        self.functions.iter().filter(move |c| tenant.is_none_or(|t| c.serves(t)))
     }
 
     /// One call of function number `index`.
@@ -196,6 +238,11 @@ impl Connectors {
 }
 
 impl Connector {
+    /// Whether scripts of `tenant` have this function.
+    fn serves(&self, tenant: &str) -> bool {
+        self.config.tenants.as_ref().is_none_or(|tenants| tenants.iter().any(|t| t == tenant))
+    }
+
     /// The positional `args` as named arguments, each checked against its schema.
     fn arguments(&self, args: Vec<Value>) -> Result<Map<String, Value>, HostError> {
         let name = self.name.as_str();
@@ -226,6 +273,7 @@ impl Connector {
             "summary": summary,
             "approvers": self.config.approvers,
             "fourEyes": self.config.four_eyes,
+            "quorum": self.config.quorum.map_or(1, std::num::NonZeroU32::get),
         })
     }
 }

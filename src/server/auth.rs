@@ -1,7 +1,7 @@
 //! Callers: bearer API keys from configuration, each naming an actor with a tenant and roles.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, RwLock};
 
 use axum::extract::FromRequestParts;
 use axum::http::header::AUTHORIZATION;
@@ -125,10 +125,15 @@ impl Caller {
 }
 
 /// The configured keys, looked up by their SHA-256 digest (keys are not kept in clear).
+///
+/// Clones share one set: [`ApiKeys::replace_with`] changes it for every clone (a reload).
 #[derive(Clone, Debug, Default)]
 pub struct ApiKeys {
-    by_digest: Arc<HashMap<[u8; 32], Caller>>,
+    by_digest: Arc<RwLock<Arc<CallersByDigest>>>,
 }
+
+/// The callers, by the SHA-256 digest of their key.
+type CallersByDigest = HashMap<[u8; 32], Caller>;
 
 fn digest(key: &str) -> [u8; 32] {
     Sha256::digest(key.as_bytes()).into()
@@ -198,7 +203,21 @@ impl ApiKeys {
                 return Err(KeysError::Duplicate(i + 1));
             }
         }
-        Ok(ApiKeys { by_digest: Arc::new(by_digest) })
+        Ok(ApiKeys::of(by_digest))
+    }
+
+    fn of(by_digest: CallersByDigest) -> ApiKeys {
+        ApiKeys { by_digest: Arc::new(RwLock::new(Arc::new(by_digest))) }
+    }
+
+    fn snapshot(&self) -> Arc<CallersByDigest> {
+        Arc::clone(&self.by_digest.read().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Makes this set (and every clone of it) the keys of `other` from now on.
+    pub fn replace_with(&self, other: &ApiKeys) {
+        let keys = other.snapshot();
+        *self.by_digest.write().unwrap_or_else(|e| e.into_inner()) = keys;
     }
 
     /// Parses the JSON of a keys file.
@@ -227,24 +246,24 @@ impl ApiKeys {
 
     /// Adds the keys of `other` (later ones win).
     pub fn merge(self, other: ApiKeys) -> ApiKeys {
-        let mut map = (*self.by_digest).clone();
-        map.extend(other.by_digest.iter().map(|(k, v)| (*k, v.clone())));
-        ApiKeys { by_digest: Arc::new(map) }
+        let mut map = (*self.snapshot()).clone();
+        map.extend(other.snapshot().iter().map(|(k, v)| (*k, v.clone())));
+        ApiKeys::of(map)
     }
 
     /// How many keys are configured.
     pub fn len(&self) -> usize {
-        self.by_digest.len()
+        self.snapshot().len()
     }
 
     /// Whether no key is configured.
     pub fn is_empty(&self) -> bool {
-        self.by_digest.is_empty()
+        self.snapshot().is_empty()
     }
 
     /// The caller a presented key belongs to.
-    pub fn caller(&self, key: &str) -> Option<&Caller> {
-        self.by_digest.get(&digest(key))
+    pub fn caller(&self, key: &str) -> Option<Caller> {
+        self.snapshot().get(&digest(key)).cloned()
     }
 }
 
@@ -265,7 +284,7 @@ impl FromRequestParts<AppState> for Caller {
             parts.headers.get(AUTHORIZATION).and_then(|v| v.to_str().ok()).ok_or_else(ApiError::unauthorized)?;
         let key = bearer_key(header).ok_or_else(ApiError::unauthorized)?;
         match state.keys.caller(key) {
-            Some(caller) => Ok(caller.clone()),
+            Some(caller) => Ok(caller),
             None => {
                 state.throttle.failed(client);
                 Err(ApiError::unauthorized())

@@ -34,8 +34,8 @@ pub use start_error::ServerError;
 pub use throttle::AuthThrottle;
 
 use crate::automation::Automations;
-use crate::config::{FunctionConfig, FunctionName};
-use crate::connector::Connectors;
+use crate::config::ServeConfig;
+use crate::connector::{Connectors, FunctionSpec};
 use crate::db::AppDb;
 use crate::orders::OrderBook;
 
@@ -79,6 +79,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/automations/{id}/decisions", post(routes::decide))
         .route("/v1/automations/{id}/cancel", post(routes::cancel))
         .route("/v1/approvals", get(routes::approvals))
+        .route("/v1/functions", get(routes::functions))
+        .route("/v1/functions.d.ts", get(routes::functions_typescript))
         .route("/v1/sessions", post(sessions::start))
         .route("/v1/sessions/{id}", get(sessions::get).delete(sessions::destroy))
         .route("/v1/sessions/{id}/commands", post(sessions::command))
@@ -126,7 +128,10 @@ pub struct ServerConfig {
     /// (e.g. behind a TLS-terminating proxy); off for plain `http://localhost`.
     pub secure_cookies: bool,
     /// The HTTP connector host functions (from the configuration file), with their secrets.
-    pub functions: Vec<(FunctionName, FunctionConfig, Vec<u8>)>,
+    pub functions: Vec<FunctionSpec>,
+    /// The configuration file to read again on SIGHUP, with the keys that do not come from it
+    /// (`keys` holds both): a reload replaces the file's keys and every function.
+    pub reload_from: Option<(PathBuf, ApiKeys)>,
 }
 
 /// The service's parts, opened on one database.
@@ -194,6 +199,10 @@ pub async fn serve(
     tracing::info!(listen = %local, keys = keys.len(), demo = config.demo, "serving the approval API");
     // Scripts and tests read this line to find the port.
     println!("listening on http://{local}");
+    if let Some((path, other_keys)) = config.reload_from {
+        let other_keys = if config.demo { other_keys.merge(ApiKeys::demo()) } else { other_keys };
+        tokio::spawn(reload_on_hangup(path, other_keys, keys.clone(), service.automations.connectors().clone()));
+    }
     let (stop, shutting_down) = watch::channel(false);
     let inbox = InboxSettings::from_secret(&secret, config.secure_cookies);
     let state = AppState {
@@ -242,6 +251,32 @@ async fn check_workers(runner: &RunnerConfig) -> Result<(), ServerError> {
         None => tracing::warn!("scripts run on threads of this process, not in confined worker processes"),
     }
     Ok(())
+}
+
+/// On each SIGHUP, reads the configuration file at `path` again and replaces the keys (the
+/// file's, plus `other_keys`) and every connector; a file that does not pass its checks changes
+/// nothing, and the log says why.
+async fn reload_on_hangup(path: PathBuf, other_keys: ApiKeys, keys: ApiKeys, connectors: Connectors) {
+    let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+        tracing::warn!("cannot listen for SIGHUP: the configuration is not reloadable");
+        return;
+    };
+    while hangups.recv().await.is_some() {
+        let loaded = ServeConfig::load(&path).map_err(|e| e.to_string()).and_then(|config| {
+            let functions = config.functions.len();
+            connectors.reload(config.functions).map_err(|e| e.to_string())?;
+            keys.replace_with(&config.keys.merge(other_keys.clone()));
+            Ok(functions)
+        });
+        match loaded {
+            Ok(functions) => {
+                tracing::info!(path = %path.display(), keys = keys.len(), functions, "configuration reloaded");
+            }
+            Err(why) => {
+                tracing::error!(path = %path.display(), %why, "configuration not reloaded: keeping the current one")
+            }
+        }
+    }
 }
 
 /// Completes on SIGTERM or Ctrl-C.

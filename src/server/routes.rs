@@ -131,6 +131,17 @@ pub async fn approvals(State(state): State<AppState>, caller: Caller) -> Result<
     Ok(Json(json!({ "approvals": approvals })))
 }
 
+/// The host functions the caller's tenant may call: namespaces, parameters and policies.
+pub async fn functions(State(state): State<AppState>, caller: Caller) -> Json<Value> {
+    Json(state.automations.connectors().catalog(Some(&caller.tenant)))
+}
+
+/// The same functions as a TypeScript declaration, for script authors and models.
+pub async fn functions_typescript(State(state): State<AppState>, caller: Caller) -> Response {
+    let declaration = state.automations.connectors().typescript(Some(&caller.tenant));
+    ([(header::CONTENT_TYPE, "application/typescript; charset=utf-8")], declaration).into_response()
+}
+
 /// Decides the open round of an automation; 202 once the batch is delivered.
 pub async fn decide(
     State(state): State<AppState>,

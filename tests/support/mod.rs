@@ -45,7 +45,8 @@ impl TempDir {
 
     /// `None`: a build without PostgreSQL tests SQLite only.
     #[cfg(not(feature = "postgres"))]
-    pub fn postgres(_name: &str) -> Option<TempDir> {
+    pub fn postgres(name: &str) -> Option<TempDir> {
+        eprintln!("{name}: skipped on PostgreSQL: this build has no postgres feature");
         None
     }
 

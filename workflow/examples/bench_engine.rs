@@ -165,7 +165,7 @@ fn rss_snapshot() -> Value {
     })
 }
 
-// SQLite's own allocation counters, from the library that sqlx links (libsqlite3-sys, bundled).
+// SQLite's own allocation counters, from the library rusqlite links (libsqlite3-sys, bundled).
 unsafe extern "C" {
     fn sqlite3_config(op: i32, ...) -> i32;
     fn sqlite3_initialize() -> i32;

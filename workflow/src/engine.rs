@@ -306,6 +306,19 @@ impl Engine {
         Ok(self.shared.store.get_hook(token).await?)
     }
 
+    /// The first `count` payloads the hook at `position` of run `id` received, in the order they
+    /// arrived (fewer when fewer arrived).
+    pub async fn hook_payloads(&self, id: &RunId, position: u32, count: u64) -> Result<Vec<Value>, EngineError> {
+        let mut payloads = Vec::new();
+        for index in 0..count {
+            match self.shared.store.hook_payload(id, position, index).await? {
+                Some(payload) => payloads.push(payload.value),
+                None => break,
+            }
+        }
+        Ok(payloads)
+    }
+
     /// Delivers `payload` to the active hook with this token and wakes its run.
     /// [`EngineError::HookNotFound`] when the token is unknown or its hook was disposed.
     pub async fn resume_hook(&self, token: &str, payload: Value) -> Result<ResumeReceipt, EngineError> {

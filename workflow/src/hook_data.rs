@@ -13,6 +13,8 @@ pub struct HookInfo {
     pub token: String,
     /// The run that owns it.
     pub run_id: RunId,
+    /// Its position in the run (with the run id, where its payloads are read: [`Engine::hook_payloads`](crate::Engine::hook_payloads)).
+    pub position: u32,
     /// The metadata the workflow attached (for authorizing a caller before resuming).
     pub metadata: Value,
     /// How many payloads it has received.

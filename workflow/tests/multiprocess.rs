@@ -167,7 +167,8 @@ impl Db {
         }
     }
 
-    /// The side-effect tables' database (the tables are created by [`Effects::create_tables`]).
+    /// The side-effect tables' database (created by [`Effects::create_tables`]): a pool of
+    /// `connections` on PostgreSQL, one connection per process on SQLite.
     async fn effects(&self, connections: u32) -> Effects {
         match self {
             Db::Pg { url, schema } => {

@@ -133,6 +133,7 @@ mod tests {
                     request: json!({ "orderId": "<b>", "amount": 1 }),
                 })
                 .collect(),
+            progress: Vec::new(),
             requested_at: std::time::UNIX_EPOCH,
         }
     }

@@ -51,7 +51,7 @@ impl Session {
     pub fn of(headers: &HeaderMap, keys: &ApiKeys) -> Option<Session> {
         presented(headers).take(MAX_PRESENTED).find_map(|value| {
             let key = decode(value)?;
-            let caller = keys.caller(&key)?.clone();
+            let caller = keys.caller(&key)?;
             Some(Session { caller, value: value.to_owned() })
         })
     }

@@ -4,9 +4,10 @@
 //! connection and sends the result back. A transaction therefore costs one hand-off, however
 //! many statements it runs, and a caller that stops waiting never leaves a transaction half done:
 //! the closure runs to its end (a [`rusqlite::Transaction`] that was not committed rolls back
-//! when dropped). Idle threads poll their queue for a moment before they sleep, and callers poll
-//! for their answer before they wait to be woken ([`resumable_handoff`]): waking a sleeping
-//! thread costs tens of microseconds on virtual machines, more than most statements. The writer commits the writes
+//! when dropped). Idle threads poll their queue for a moment before they sleep, and callers
+//! poll for their answer before they wait to be woken ([`resumable_handoff`]): waking a
+//! sleeping thread costs tens of microseconds on virtual machines, more than most statements.
+//! The writer commits the writes
 //! waiting in its queue together (see [`super::sqlite_batch`]). Closing the pool lets the work
 //! already queued finish, then stops the threads and closes their connections.
 
@@ -208,6 +209,7 @@ fn serve(
     }
 }
 
+/// The error of a caller whose work a stopping thread dropped.
 fn stopped_during_query() -> StoreError {
     StoreError::database("a database thread stopped during a query")
 }

@@ -1,6 +1,7 @@
 //! A SQLite database of side effects for the crash tests, on rusqlite (the driver the production
 //! store uses). Statements run on the blocking pool, so a busy database never stalls the engine's
-//! runtime threads (and with them the leases a test is watching).
+//! runtime threads (and with them the leases a test is watching); only opening it runs where it
+//! is called, before the engine starts. One connection per process serves all its tasks.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};

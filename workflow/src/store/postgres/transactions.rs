@@ -610,7 +610,7 @@ impl Store for PgStore {
     fn get_hook<'a>(&'a self, token: &'a str) -> BoxFuture<'a, Result<Option<HookInfo>, StoreError>> {
         Box::pin(async move {
             let row = sqlx::query(
-                "SELECT run_id, metadata::text AS metadata, received, created_at FROM hooks WHERE token = $1 AND active",
+                "SELECT run_id, position, metadata::text AS metadata, received, created_at FROM hooks WHERE token = $1 AND active",
             )
             .bind(token)
             .fetch_optional(&self.pool)
@@ -622,6 +622,7 @@ impl Store for PgStore {
             Ok(Some(HookInfo {
                 token: token.to_owned(),
                 run_id: RunId::from(get::<String>(&row, "run_id")?),
+                position: position_of(&row)?,
                 metadata: parse_json(&get::<String>(&row, "metadata")?)?,
                 received: get::<i64>(&row, "received")?.unsigned_abs(),
                 created_at: from_ms(get(&row, "created_at")?),

@@ -611,12 +611,13 @@ impl Store for SqliteStore {
             self.read(move |conn| {
                 first_row(
                     conn,
-                    "SELECT run_id, metadata, received, created_at FROM hooks WHERE token = ? AND active = 1",
+                    "SELECT run_id, position, metadata, received, created_at FROM hooks WHERE token = ? AND active = 1",
                     params![token],
                     |row| {
                         Ok(HookInfo {
                             token: token.clone(),
                             run_id: RunId::from(get::<String>(row, "run_id")?),
+                            position: position_of(row)?,
                             metadata: parse_json(&get::<String>(row, "metadata")?)?,
                             received: get::<i64>(row, "received")?.unsigned_abs(),
                             created_at: from_ms(get(row, "created_at")?),
