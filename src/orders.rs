@@ -171,7 +171,13 @@ impl OrderBook {
 
     /// Applies a refund once per idempotency key, in one transaction; a repeated key returns the
     /// refund it recorded. Errors the script may see: unknown order, amount above what is left.
-    async fn apply_refund(&self, tenant: &str, id: &str, amount: i64, key: &str) -> Result<Value, HostError> {
+    pub(crate) async fn apply_refund(
+        &self,
+        tenant: &str,
+        id: &str,
+        amount: i64,
+        key: &str,
+    ) -> Result<Value, HostError> {
         let steps = vec![
             // A key seen before: the refund was applied then, nothing more to do.
             Step::new(

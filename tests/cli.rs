@@ -328,3 +328,55 @@ fn inspect_verifies_signed_and_sealed_tokens() {
     assert_eq!(out.status.code(), Some(2));
     assert!(out.stdout.is_empty());
 }
+
+/// A configuration file in a fresh directory, with mode 0600.
+fn config_file(name: &str, text: &str) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt as _;
+    let path = script_file(name, text);
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    path
+}
+
+const CONFIG: &str = r#"
+[[keys]]
+key_sha256 = "5e884898da28047151d0e56f8dc6292773603d0d6aabbdd62a11ef721d1542d8"
+actor = "alice"
+tenant = "acme"
+roles = ["approver"]
+
+[functions."billing.refund"]
+url = "https://billing.example/refund"
+params = [{ name = "order_id", type = "string" }, { name = "amount", type = "integer" }]
+secret = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+approval = { when = "args.amount > 1000" }
+tenants = ["acme"]
+"#;
+
+#[test]
+fn config_check_and_functions_read_a_configuration_file() {
+    let path = config_file("resumable.toml", CONFIG);
+    let path = path.to_str().unwrap();
+    let checked = resumable(&["config", "check", path], "");
+    assert!(checked.status.success(), "{}", stderr(&checked));
+    let summary: Value = serde_json::from_slice(&checked.stdout).unwrap();
+    assert_eq!(summary, serde_json::json!({ "valid": true, "keys": 1, "functions": ["billing.refund"] }));
+
+    let catalog = resumable(&["functions", "--config", path], "");
+    assert!(catalog.status.success(), "{}", stderr(&catalog));
+    let catalog: Value = serde_json::from_slice(&catalog.stdout).unwrap();
+    assert_eq!(catalog["functions"][0]["approval"], serde_json::json!({ "when": "args.amount > 1000" }));
+    let none = resumable(&["functions", "--config", path, "--tenant", "globex"], "");
+    assert_eq!(serde_json::from_slice::<Value>(&none.stdout).unwrap()["functions"], serde_json::json!([]));
+    let dts = resumable(&["functions", "--config", path, "--dts"], "");
+    let dts = String::from_utf8(dts.stdout).unwrap();
+    assert!(
+        dts.contains("declare namespace billing") && dts.contains("refund(order_id: string, amount: number)"),
+        "{dts}"
+    );
+
+    let bad = config_file("bad.toml", "[functions.\"billing.refund\"]\nurl = \"http://x\"\nretries = \"3\"\n");
+    let refused = resumable(&["config", "check", bad.to_str().unwrap()], "");
+    assert_eq!(refused.status.code(), Some(2));
+    let message = stderr(&refused);
+    assert!(message.contains("line 3") && message.contains("retries"), "{message}");
+}

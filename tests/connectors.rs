@@ -227,7 +227,7 @@ fn serve(dir: &TempDir, app: SocketAddr) -> Server {
 /// Like [`serve`], with `env` added to the server's environment.
 fn serve_with_env(dir: &TempDir, app: SocketAddr, env: &[(&str, &str)]) -> Server {
     let path = write_config(dir, &config(app));
-    Server::start_with_env(dir, &["--config", &path.display().to_string()], env)
+    Server::start_without_demo(dir, &["--config", &path.display().to_string()], env)
 }
 
 async fn submit(client: &Client, source: &str) -> String {
@@ -570,4 +570,41 @@ async fn the_catalog_lists_the_functions_and_its_declaration_type_checks_scripts
     let bad = "const o = await billing.order(42); return await billing.refund(o.id, 1500);";
     let refused = type_checks(&dir, &tsc, &declaration, bad).expect_err("a number as order_id");
     assert!(refused.contains("not assignable to parameter of type 'string'"), "{refused}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_demo_refunds_through_its_connector_with_a_policy_a_signature_and_a_key() {
+    let dir = TempDir::new("connector-demo");
+    let server = Server::start(&dir, &[]);
+    let acme = server.client(Some("demo-acme"));
+    // The README's quickstart script.
+    let id = submit(&acme, "const o = await billing.order(\"A-1002\"); return await billing.refund(o.id, 1500)").await;
+    let approval = pending(&acme, &id).await;
+    assert_eq!(approval["requests"][0]["request"]["summary"], "Refund 1500 cents on order A-1002", "{approval}");
+    let db = support::Db::of(&dir);
+    assert!(db.refunds("acme").await.is_empty(), "nothing refunded before the approval");
+    let decided = acme.post(&format!("/v1/automations/{id}/decisions"), &decision(&approval, true)).await;
+    assert_eq!(decided.status, 202, "{}", decided.text());
+    let done = finished(&acme, &id).await;
+    assert_eq!((&done["status"], &done["result"]["refunded"]), (&json!("completed"), &json!(1500)), "{done}");
+    let keys = db.refund_keys("acme").await;
+    assert_eq!(keys, [(format!("{id}:interrupt-2"), "A-1002".to_owned(), 1500)], "one refund, under the call's key");
+
+    // Under the policy's threshold, no approval.
+    let small = submit(&acme, "return await billing.refund('A-1001', 500)").await;
+    let done = finished(&acme, &small).await;
+    assert_eq!(done["result"]["refunded"], 500, "{done}");
+    // The application refuses what the server did not sign, and says so in its own words.
+    let forged =
+        serde_json::to_vec(&json!({ "tenant": "acme", "arguments": { "order_id": "A-1001", "amount": 100 } })).unwrap();
+    let refused =
+        acme.send("POST", "/demo/billing/refund", &[("content-type", "application/json")], Some(&forged)).await;
+    assert_eq!(refused.status, 401, "{}", refused.text());
+    assert_eq!(db.refunds("acme").await.len(), 2);
+    // A refund the order cannot take is the application's refusal, catchable with its code.
+    let over =
+        submit(&acme, "try { await billing.refund('Z-9', 5); return 'refunded'; } catch (e) { return e.details.code }")
+            .await;
+    let done = finished(&acme, &over).await;
+    assert_eq!(done["result"], "REFUND_REFUSED", "{done}");
 }

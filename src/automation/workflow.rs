@@ -75,7 +75,8 @@ enum RoundResult {
         pending: Vec<PendingRequest>,
         console: Vec<Value>,
         /// The connectors the script ran with: later rounds get these alone, so a reload that
-        /// adds functions leaves a waiting automation's continuation valid (absent: every one).
+        /// adds functions leaves a waiting automation's continuation valid (absent in rounds
+        /// recorded before connectors existed: none).
         #[serde(default, skip_serializing_if = "Option::is_none")]
         connectors: Option<Vec<String>>,
     },
@@ -161,7 +162,9 @@ impl Deps {
         step: StepContext,
     ) -> Result<RoundResult, StepError> {
         let scope = CallScope { tenant: input.tenant.clone(), actor: input.submitted_by.clone() };
-        let connectors = self.connectors.host_functions(&scope, resume.as_ref().and_then(|r| r.connectors.as_deref()));
+        let connectors = self
+            .connectors
+            .host_functions(&scope, resume.as_ref().map(|r| r.connectors.as_deref().unwrap_or_default()));
         let connector_names: Vec<String> = connectors.names().map(str::to_owned).collect();
         let mut request = RunRequest::new(input.source.as_str())
             .host(with_context(

@@ -41,6 +41,8 @@ pub enum Command {
     Serve(serve::ServeArgs),
     /// Create or upgrade the database tables, then exit.
     Migrate(serve::MigrateArgs),
+    /// Print the host functions a configuration file declares: JSON, or a TypeScript declaration.
+    Functions(serve::FunctionsArgs),
     /// Work with a configuration file.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -65,6 +67,7 @@ impl Cli {
             Command::Serve(args) => serve::execute_serve(args),
             Command::Migrate(args) => serve::execute_migrate(args),
             Command::Config(ConfigCommand::Check(args)) => serve::execute_config_check(args),
+            Command::Functions(args) => serve::execute_functions(args),
             Command::Worker => resumable::runner::process::serve_worker(),
         }
     }

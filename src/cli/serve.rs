@@ -90,6 +90,40 @@ pub struct ConfigCheckArgs {
     file: PathBuf,
 }
 
+/// Arguments of `resumable functions`.
+#[derive(Debug, Args)]
+pub struct FunctionsArgs {
+    /// The configuration file.
+    #[arg(long, value_name = "FILE", env = "RESUMABLE_CONFIG")]
+    config: PathBuf,
+
+    /// Print the TypeScript declaration instead of the JSON catalog.
+    #[arg(long)]
+    dts: bool,
+
+    /// Only the functions this tenant's scripts may call.
+    #[arg(long, value_name = "TENANT")]
+    tenant: Option<String>,
+}
+
+/// Prints the function catalog of a configuration file (what `GET /v1/functions` serves).
+pub fn execute_functions(args: FunctionsArgs) -> ExitCode {
+    let config = match ServeConfig::load(&args.config) {
+        Ok(config) => config,
+        Err(e) => return usage_error(e),
+    };
+    let connectors = match resumable::connector::Connectors::new(config.functions) {
+        Ok(connectors) => connectors,
+        Err(e) => return usage_error(e),
+    };
+    if args.dts {
+        print!("{}", connectors.typescript(args.tenant.as_deref()));
+    } else {
+        println!("{}", connectors.catalog(args.tenant.as_deref()));
+    }
+    ExitCode::SUCCESS
+}
+
 /// Validates a configuration file without serving: prints a summary as JSON, or the error.
 pub fn execute_config_check(args: ConfigCheckArgs) -> ExitCode {
     match ServeConfig::load(&args.file) {

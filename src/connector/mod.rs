@@ -19,7 +19,7 @@ use resumable_host::{HostCallContext, HostError, HostFunctions};
 use serde_json::{Map, Value, json};
 
 pub use policy::Predicates;
-pub use signature::sign;
+pub use signature::{TOLERANCE_SECS, sign, verify};
 
 use crate::config::{Approval, FunctionConfig, FunctionName, placeholders_in};
 use request::Sender;

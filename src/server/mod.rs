@@ -6,6 +6,7 @@
 
 mod auth;
 mod body;
+mod demo_app;
 mod error;
 pub mod inbox;
 mod routes;
@@ -26,6 +27,7 @@ use resumable_runner::RunnerConfig;
 use tokio::sync::watch;
 
 pub use auth::{ApiKeyConfig, ApiKeyEntry, ApiKeys, ApiKeysConfig, Caller, KeysError, Role};
+pub use demo_app::DemoApp;
 pub use error::ApiError;
 pub use inbox::InboxSettings;
 pub use routes::MAX_SOURCE_BYTES;
@@ -52,6 +54,8 @@ pub struct AppState {
     pub inbox: InboxSettings,
     /// Failed authentications by client address.
     pub throttle: AuthThrottle,
+    /// The demo order system's HTTP application (`--demo`), under `/demo`.
+    pub demo: Option<DemoApp>,
 }
 
 impl AppState {
@@ -64,6 +68,7 @@ impl AppState {
             shutting_down: watch::channel(false).1,
             inbox: InboxSettings::ephemeral(),
             throttle: AuthThrottle::default(),
+            demo: None,
         }
     }
 }
@@ -72,6 +77,7 @@ impl AppState {
 pub fn router(state: AppState) -> Router {
     Router::new()
         .merge(inbox::routes())
+        .merge(demo_app::routes())
         .route("/healthz", get(routes::health))
         .route("/v1/automations", post(routes::submit))
         .route("/v1/automations/{id}", get(routes::get))
@@ -189,19 +195,34 @@ pub async fn serve(
         return Err(ServerError::NoKeys);
     }
     check_workers(&config.runner).await?;
-    let connectors = Connectors::new(config.functions)?;
-    let service =
-        open_service(&config.db_url, &secret, config.workers, config.demo, config.runner, config.lease, connectors)
-            .await?;
+    // Bound first: the demo's connectors call this server's own address.
     let listen = |source| ServerError::Listen { address: config.listen, source };
     let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(listen)?;
     let local = listener.local_addr().map_err(listen)?;
+    let demo_functions = if config.demo { DemoApp::functions(&secret, local) } else { Vec::new() };
+    if let Some((name, _, _)) = demo_functions.iter().find(|(d, _, _)| config.functions.iter().any(|(n, _, _)| n == d))
+    {
+        return Err(ServerError::DemoFunction(name.to_string()));
+    }
+    let connectors = Connectors::new(config.functions.into_iter().chain(demo_functions.clone()).collect())?;
+    let service = open_service(
+        &config.db_url,
+        &secret,
+        config.workers,
+        config.demo,
+        config.runner,
+        config.lease,
+        connectors.clone(),
+    )
+    .await?;
+    let demo = config.demo.then(|| DemoApp::new(service.orders.clone(), &secret));
     tracing::info!(listen = %local, keys = keys.len(), demo = config.demo, "serving the approval API");
     // Scripts and tests read this line to find the port.
     println!("listening on http://{local}");
     if let Some((path, other_keys)) = config.reload_from {
         let other_keys = if config.demo { other_keys.merge(ApiKeys::demo()) } else { other_keys };
-        tokio::spawn(reload_on_hangup(path, other_keys, keys.clone(), service.automations.connectors().clone()));
+        let reload = Reload { path, other_keys, keys: keys.clone(), connectors, fixed_functions: demo_functions };
+        tokio::spawn(reload.on_hangup());
     }
     let (stop, shutting_down) = watch::channel(false);
     let inbox = InboxSettings::from_secret(&secret, config.secure_cookies);
@@ -211,6 +232,7 @@ pub async fn serve(
         shutting_down,
         inbox,
         throttle: AuthThrottle::default(),
+        demo,
     };
     let shutdown = async move {
         shutdown.await;
@@ -253,29 +275,50 @@ async fn check_workers(runner: &RunnerConfig) -> Result<(), ServerError> {
     Ok(())
 }
 
-/// On each SIGHUP, reads the configuration file at `path` again and replaces the keys (the
-/// file's, plus `other_keys`) and every connector; a file that does not pass its checks changes
-/// nothing, and the log says why.
-async fn reload_on_hangup(path: PathBuf, other_keys: ApiKeys, keys: ApiKeys, connectors: Connectors) {
-    let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
-        tracing::warn!("cannot listen for SIGHUP: the configuration is not reloadable");
-        return;
-    };
-    while hangups.recv().await.is_some() {
-        let loaded = ServeConfig::load(&path).map_err(|e| e.to_string()).and_then(|config| {
-            let functions = config.functions.len();
-            connectors.reload(config.functions).map_err(|e| e.to_string())?;
-            keys.replace_with(&config.keys.merge(other_keys.clone()));
-            Ok(functions)
-        });
-        match loaded {
-            Ok(functions) => {
-                tracing::info!(path = %path.display(), keys = keys.len(), functions, "configuration reloaded");
-            }
-            Err(why) => {
-                tracing::error!(path = %path.display(), %why, "configuration not reloaded: keeping the current one")
+/// What a SIGHUP reloads, and what stays.
+struct Reload {
+    /// The configuration file.
+    path: PathBuf,
+    /// The keys that do not come from the file (`--keys`, the environment, the demo's).
+    other_keys: ApiKeys,
+    /// The keys the server checks, replaced on each reload.
+    keys: ApiKeys,
+    /// The connectors, replaced on each reload.
+    connectors: Connectors,
+    /// The functions that do not come from the file (the demo's).
+    fixed_functions: Vec<FunctionSpec>,
+}
+
+impl Reload {
+    /// On each SIGHUP, reads the file again and replaces the keys and every connector; a file
+    /// that does not pass its checks changes nothing, and the log says why.
+    async fn on_hangup(self) {
+        let Ok(mut hangups) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) else {
+            tracing::warn!("cannot listen for SIGHUP: the configuration is not reloadable");
+            return;
+        };
+        while hangups.recv().await.is_some() {
+            let path = self.path.display();
+            match self.apply() {
+                Ok(functions) => {
+                    tracing::info!(%path, keys = self.keys.len(), functions, "configuration reloaded");
+                }
+                Err(why) => tracing::error!(%path, %why, "configuration not reloaded: keeping the current one"),
             }
         }
+    }
+
+    fn apply(&self) -> Result<usize, String> {
+        let config = ServeConfig::load(&self.path).map_err(|e| e.to_string())?;
+        let fixed = self.fixed_functions.iter();
+        if let Some((name, _, _)) = fixed.clone().find(|(f, _, _)| config.functions.iter().any(|(n, _, _)| n == f)) {
+            return Err(format!("the file defines {name}, which --demo defines too"));
+        }
+        let functions: Vec<FunctionSpec> = config.functions.into_iter().chain(fixed.cloned()).collect();
+        let count = functions.len();
+        self.connectors.reload(functions).map_err(|e| e.to_string())?;
+        self.keys.replace_with(&config.keys.merge(self.other_keys.clone()));
+        Ok(count)
     }
 }
 

@@ -23,6 +23,9 @@ pub enum ServerError {
         "no API keys are configured: list them in the --config file, pass --keys FILE, set RESUMABLE_API_KEYS, or use --demo"
     )]
     NoKeys,
+    /// The configuration file defines a function that `--demo` defines too.
+    #[error("the configuration file defines {0}, which --demo defines too: rename it, or serve without --demo")]
+    DemoFunction(String),
     /// The configured HTTP connectors cannot be set up.
     #[error(transparent)]
     Connectors(#[from] crate::connector::ConnectorError),

@@ -102,12 +102,19 @@ impl Server {
 
     /// Starts like [`Server::start`], with `env` added to the server's environment.
     pub fn start_with_env(dir: &TempDir, extra: &[&str], env: &[(&str, &str)]) -> Server {
+        let extra: Vec<&str> = ["--demo"].into_iter().chain(extra.iter().copied()).collect();
+        Server::start_without_demo(dir, &extra, env)
+    }
+
+    /// Starts `resumable serve` like [`Server::start_with_env`], without `--demo` unless `extra`
+    /// has it.
+    pub fn start_without_demo(dir: &TempDir, extra: &[&str], env: &[(&str, &str)]) -> Server {
         let n = std::fs::read_dir(dir.path()).map(|d| d.count()).unwrap_or(0);
         let log = dir.path().join(format!("server-{n}.log"));
         let stderr = File::create(&log).expect("the log file is created");
         let secret = dir.path().join("secret");
         let mut child = Command::new(env!("CARGO_BIN_EXE_resumable"))
-            .args(["serve", "--demo", "--listen", "127.0.0.1:0", "--db", &dir.db_url(), "--secret-file"])
+            .args(["serve", "--listen", "127.0.0.1:0", "--db", &dir.db_url(), "--secret-file"])
             .arg(&secret)
             .args(extra)
             .envs(env.iter().copied())

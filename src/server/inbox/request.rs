@@ -17,6 +17,10 @@ pub fn json_text(value: &Value) -> String {
 pub fn render(request: &PendingRequest) -> Html {
     let mut out = Html::new();
     html!(out, "<dl class=\"request\"><dt>Function</dt><dd><code>{}</code></dd>", request.function);
+    // A connector's request says what it is in its function's summary.
+    if let Value::String(summary) = &request.request["summary"] {
+        html!(out, "<dt>Summary</dt><dd class=\"summary\">{}</dd>", summary);
+    }
     match &request.request["orderId"] {
         Value::Null => {}
         Value::String(order) => html!(out, "<dt>Order</dt><dd class=\"order\">{}</dd>", order),
@@ -48,6 +52,17 @@ pub fn render(request: &PendingRequest) -> Html {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn a_connectors_summary_is_shown_escaped() {
+        let request = PendingRequest {
+            interruption_id: "interrupt-1".into(),
+            function: "billing.refund".into(),
+            request: json!({ "kind": "connector-approval", "summary": "Refund 1500 on <b>A-1</b>" }),
+        };
+        let html = render(&request).into_string();
+        assert!(html.contains("<dd class=\"summary\">Refund 1500 on &lt;b&gt;A-1&lt;/b&gt;</dd>"), "{html}");
+    }
 
     #[test]
     fn refunds_show_order_and_amount_escaped() {
