@@ -4,6 +4,8 @@
 use std::fmt;
 
 use serde::{Deserialize, Serialize};
+
+use super::interruption_id::InterruptionId;
 use serde_json::Value;
 
 /// The most characters a decision's reason may have.
@@ -14,7 +16,7 @@ pub const MAX_REASON_CHARS: usize = 1_000;
 #[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct Decision {
     /// The interruption decided (`interrupt-<k>`).
-    pub interruption_id: String,
+    pub interruption_id: InterruptionId,
     /// Whether it is approved.
     pub approved: bool,
     /// Why, shown to the script and in the automation's events.
@@ -40,11 +42,11 @@ pub enum InvalidDecisions {
     /// The batch is empty.
     Empty,
     /// An id that is not pending in this round.
-    Unknown(String),
+    Unknown(InterruptionId),
     /// An id decided twice.
-    Duplicate(String),
+    Duplicate(InterruptionId),
     /// A reason longer than [`MAX_REASON_CHARS`].
-    ReasonTooLong(String),
+    ReasonTooLong(InterruptionId),
 }
 
 impl fmt::Display for InvalidDecisions {

@@ -12,7 +12,10 @@
 //! The automation's stream carries `approval_requested`, `decided`, `completed` and `failed`
 //! events (each a JSON object with a `type`).
 
+mod approval_index;
 mod decision;
+mod event;
+mod interruption_id;
 mod round;
 mod token;
 mod view;
@@ -22,12 +25,13 @@ use std::sync::Arc;
 
 use resumable_runner::{Runner, RunnerConfig, StoredCodec};
 use resumable_workflow::{
-    Engine, EngineBuilder, EngineError, EventKind, RunFilter, RunId, RunInfo, RunStatus, StartOptions, Store,
-    StreamReader,
+    Engine, EngineBuilder, EngineError, EventKind, RunId, RunInfo, RunStatus, StartOptions, Store, StreamReader,
 };
 use serde_json::Value;
 
 pub use decision::{Decision, DecisionBatch, InvalidDecisions, MAX_REASON_CHARS};
+pub use event::{AutomationEvent, HookMetadata};
+pub use interruption_id::InterruptionId;
 pub use round::RequestProgress;
 pub use token::HookTokens;
 pub use view::{AutomationError, AutomationView, PendingApproval, RoundRecord};
@@ -37,6 +41,7 @@ use crate::connector::{APPROVAL_KIND, Connectors};
 use crate::continuations::SqlContinuationStore;
 use crate::db::AppDb;
 use crate::session::{SessionState, Sessions, WORKFLOW as SESSION_WORKFLOW, run_session};
+use approval_index::ApprovalIndex;
 use round::{Refusal, RoundProgress};
 use view::EventLog;
 use workflow::{Deps, run_automation};
@@ -122,6 +127,7 @@ impl AutomationsBuilder {
             None => Connectors::none().map_err(|e| AutomationError::Config(e.to_string()))?,
         };
         let continuations = SqlContinuationStore::new(self.db.clone());
+        let approvals = ApprovalIndex::new(self.db.clone());
         let codec = StoredCodec::new(Arc::new(continuations.clone()));
         let runner = Runner::new(self.runner.workers(self.concurrency).codec(codec))
             .map_err(|e| AutomationError::Config(e.to_string()))?;
@@ -132,11 +138,12 @@ impl AutomationsBuilder {
             continuations,
             host: self.host,
             connectors: connectors.clone(),
+            approvals: approvals.clone(),
             tokens: tokens.clone(),
             max_rounds: self.max_rounds,
             sessions: state.clone(),
         });
-        let (session_deps, engine_slot) = Sessions::deps(state.clone(), tokens.clone());
+        let session_deps = Sessions::deps(state.clone(), tokens.clone(), Arc::clone(&self.store));
         let mut builder = Engine::builder(self.store)
             .register(WORKFLOW, move |ctx, input| {
                 let deps = Arc::clone(&deps);
@@ -151,9 +158,8 @@ impl AutomationsBuilder {
             builder = configure(builder);
         }
         let engine = builder.build();
-        let _ = engine_slot.set(engine.clone());
         let sessions = Sessions::new(engine.clone(), tokens.clone(), state, self.policy_version.clone());
-        Ok(Automations { engine, tokens, policy_version: self.policy_version, sessions, connectors })
+        Ok(Automations { engine, tokens, policy_version: self.policy_version, sessions, connectors, approvals })
     }
 }
 
@@ -165,6 +171,7 @@ pub struct Automations {
     policy_version: String,
     sessions: Sessions,
     connectors: Connectors,
+    approvals: ApprovalIndex,
 }
 
 impl Automations {
@@ -273,29 +280,38 @@ impl Automations {
         Ok((run, input))
     }
 
-    /// The pending approvals of `tenant`, oldest first (at most `limit`).
+    /// The pending approvals of `tenant`, oldest first (at most `limit`), read from the tenant's
+    /// rows of the approval index; a row whose automation no longer waits is dropped.
     pub async fn pending_approvals(&self, tenant: &str, limit: usize) -> Result<Vec<PendingApproval>, AutomationError> {
         let mut approvals = Vec::new();
-        // A round that just asked may not have suspended yet: every live status counts.
-        let mut filter = RunFilter::default()
-            .workflow(WORKFLOW)
-            .status(RunStatus::Waiting)
-            .status(RunStatus::Running)
-            .status(RunStatus::Pending)
-            .limit(RunFilter::MAX_LIMIT);
+        let mut offset = 0;
+        let page = limit.clamp(1, 200);
         loop {
-            let page = self.engine.list_runs(&filter).await?;
-            for run in &page.runs {
-                if run.input.get("tenant").and_then(Value::as_str) != Some(tenant) {
-                    continue;
-                }
-                if let Ok(view) = self.get(tenant, &run.id).await {
-                    approvals.extend(view.pending);
+            let ids = self
+                .approvals
+                .waiting(tenant, page, offset)
+                .await
+                .map_err(|e| AutomationError::Internal(e.to_string()))?;
+            offset += ids.len();
+            for id in &ids {
+                let id = RunId::from(id.clone());
+                match self.get(tenant, &id).await {
+                    Ok(view) if view.pending.is_some() => approvals.extend(view.pending),
+                    // Ended while it waited (cancelled, say): the round's row stays behind.
+                    Ok(view) if view.status.is_terminal() => {
+                        self.approvals
+                            .remove(id.as_str())
+                            .await
+                            .map_err(|e| AutomationError::Internal(e.to_string()))?;
+                        offset -= 1;
+                    }
+                    // Decided and moving on, or not suspended yet: not pending right now.
+                    Ok(_) | Err(AutomationError::NotFound | AutomationError::WrongTenant) => {}
+                    Err(e) => return Err(e),
                 }
             }
-            match page.next_cursor {
-                Some(cursor) if approvals.len() < limit => filter.cursor = Some(cursor),
-                _ => break,
+            if ids.len() < page || approvals.len() >= limit {
+                break;
             }
         }
         approvals.sort_by_key(|a| a.requested_at);
@@ -361,13 +377,12 @@ impl Automations {
         let Some((round, _)) = log.open_round() else { return Err(AutomationError::NotWaiting) };
         let token = self.tokens.for_round(id.as_str(), round);
         let Some(hook) = self.engine.get_hook(&token).await? else { return Err(AutomationError::AlreadyDecided) };
-        let expected = (Some(tenant), Some(id.as_str()));
-        let named = (hook.metadata["tenant"].as_str(), hook.metadata["automation"].as_str());
-        if named != expected || hook.run_id != *id {
+        let metadata = HookMetadata::of(&hook.metadata)
+            .ok_or_else(|| AutomationError::Internal("the round's hook has no automation metadata".into()))?;
+        if metadata.tenant != tenant || metadata.automation != id.as_str() || hook.run_id != *id {
             return Err(AutomationError::WrongTenant);
         }
-        let pending: Vec<PendingRequest> = serde_json::from_value(hook.metadata["pending"].clone())
-            .map_err(|e| AutomationError::Internal(format!("hook metadata: {e}")))?;
+        let pending = metadata.pending;
         let refused = |refusal| match refusal {
             Refusal::Invalid(e) => AutomationError::Invalid(e),
             Refusal::AlreadyDecided => AutomationError::AlreadyDecided,
@@ -402,14 +417,15 @@ impl Automations {
             events.iter().filter(|e| e.kind == EventKind::HookReceived).filter(of_hook).count() as u64
         };
         // Per interruption id, the progress of the latest round that asked for it.
-        let mut latest: std::collections::BTreeMap<String, RoundProgress> = std::collections::BTreeMap::new();
+        let mut latest: std::collections::BTreeMap<InterruptionId, RoundProgress> = std::collections::BTreeMap::new();
         for event in events.iter().filter(|e| e.kind == EventKind::HookCreated) {
-            let metadata = &event.payload["metadata"];
             let Some(position) = event.payload["position"].as_u64() else { continue };
-            if metadata["automation"].as_str() != Some(id.as_str()) {
+            let Some(HookMetadata { automation, pending, .. }) = HookMetadata::of(&event.payload["metadata"]) else {
+                continue;
+            };
+            if automation != id.as_str() {
                 continue;
             }
-            let pending: Vec<PendingRequest> = serde_json::from_value(metadata["pending"].clone()).unwrap_or_default();
             let position32 = u32::try_from(position).unwrap_or(u32::MAX);
             let payloads = self.engine.hook_payloads(id, position32, received(position)).await?;
             let progress = RoundProgress::replay(&pending, &payloads);

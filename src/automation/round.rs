@@ -14,6 +14,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::decision::{DecisionBatch, InvalidDecisions, MAX_REASON_CHARS};
+use super::interruption_id::InterruptionId;
 use super::workflow::PendingRequest;
 
 /// Why a batch counts for nothing at its place.
@@ -30,7 +31,7 @@ pub(crate) enum Refusal {
 #[serde(rename_all = "camelCase")]
 pub struct RequestProgress {
     /// The interruption.
-    pub interruption_id: String,
+    pub interruption_id: InterruptionId,
     /// How many distinct approvers must approve it.
     pub quorum: u32,
     /// Who approved it so far, in order.
@@ -131,14 +132,14 @@ impl RoundProgress {
     }
 
     /// Whether request `id` is decided.
-    pub(crate) fn decides(&self, id: &str) -> bool {
-        self.requests.iter().any(|r| r.interruption_id == id && r.is_decided())
+    pub(crate) fn decides(&self, id: &InterruptionId) -> bool {
+        self.requests.iter().any(|r| &r.interruption_id == id && r.is_decided())
     }
 
     /// Whether `actor` decided request `id`.
-    pub(crate) fn decided_by(&self, id: &str, actor: &str) -> bool {
+    pub(crate) fn decided_by(&self, id: &InterruptionId, actor: &str) -> bool {
         self.requests.iter().any(|r| {
-            r.interruption_id == id
+            &r.interruption_id == id
                 && (r.approved_by.iter().any(|a| a == actor) || r.rejected_by.as_deref() == Some(actor))
         })
     }
@@ -193,7 +194,7 @@ mod tests {
             .iter()
             .enumerate()
             .map(|(i, q)| PendingRequest {
-                interruption_id: format!("interrupt-{}", i + 1),
+                interruption_id: format!("interrupt-{}", i + 1).into(),
                 function: "f.g".into(),
                 request: json!({ "quorum": q }),
             })
@@ -237,10 +238,10 @@ mod tests {
         round.apply(&batch("bob", &[("interrupt-1", true)])).unwrap();
         let mixed = batch("carol", &[("interrupt-2", true), ("interrupt-1", true)]);
         assert_eq!(round.apply(&mixed), Err(Refusal::AlreadyDecided));
-        assert!(!round.decides("interrupt-2"), "nothing of a refused batch counts");
+        assert!(!round.decides(&"interrupt-2".into()), "nothing of a refused batch counts");
         let unknown = batch("carol", &[("interrupt-9", true)]);
         assert_eq!(round.check(&unknown), Err(Refusal::Invalid(InvalidDecisions::Unknown("interrupt-9".into()))));
         let replayed = RoundProgress::replay(&pending(&[1, 1]), &[batch("bob", &[("interrupt-1", true)]).to_value()]);
-        assert!(replayed.decides("interrupt-1") && !replayed.is_decided());
+        assert!(replayed.decides(&"interrupt-1".into()) && !replayed.is_decided());
     }
 }

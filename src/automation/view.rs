@@ -8,6 +8,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 use super::decision::{DecisionBatch, InvalidDecisions};
+use super::event::AutomationEvent;
 use super::workflow::{AutomationInput, PendingRequest};
 use crate::db::to_ms;
 
@@ -145,24 +146,30 @@ fn error_json(error: &str) -> Value {
 
 /// The automation's stream, summarized.
 pub(crate) struct EventLog {
-    events: Vec<Value>,
+    events: Vec<AutomationEvent>,
 }
 
 impl EventLog {
     pub(crate) async fn read(engine: &Engine, id: &RunId) -> Result<EventLog, AutomationError> {
         let events = engine.store().read_stream(id, 0, MAX_SUMMARY_EVENTS).await.map_err(EngineError::from)?;
-        Ok(EventLog { events: events.into_iter().map(|(_, e)| e).collect() })
-    }
-
-    fn of_type<'a>(&'a self, kind: &'a str) -> impl DoubleEndedIterator<Item = &'a Value> + 'a {
-        self.events.iter().filter(move |e| e["type"] == kind)
+        // Events this build does not know (a newer release's) are left out of the summary.
+        let events = events.into_iter().filter_map(|(_, e)| serde_json::from_value(e).ok()).collect();
+        Ok(EventLog { events })
     }
 
     /// (rounds that asked for approval, whether the last of them was decided).
     pub(crate) fn rounds(&self) -> (u32, bool) {
-        let last = self.of_type("approval_requested").last().and_then(|e| e["round"].as_u64()).unwrap_or(0);
-        let decided = self.of_type("decided").any(|e| e["round"].as_u64() == Some(last));
-        (u32::try_from(last).unwrap_or(u32::MAX), decided)
+        let last = self
+            .events
+            .iter()
+            .rev()
+            .find_map(|e| match e {
+                AutomationEvent::ApprovalRequested { round, .. } => Some(*round),
+                _ => None,
+            })
+            .unwrap_or(0);
+        let decided = self.events.iter().any(|e| matches!(e, AutomationEvent::Decided { round, .. } if *round == last));
+        (last, decided)
     }
 
     /// The last round that asked for approval and was not decided yet, with its requests.
@@ -171,30 +178,28 @@ impl EventLog {
         if round == 0 || decided {
             return None;
         }
-        let event = self.of_type("approval_requested").last()?;
-        let requests = serde_json::from_value(event["pending"].clone()).ok()?;
-        Some((round, requests))
+        self.events.iter().rev().find_map(|e| match e {
+            AutomationEvent::ApprovalRequested { round: r, pending, .. } if *r == round => {
+                Some((round, pending.clone()))
+            }
+            _ => None,
+        })
     }
 
     /// Every round that asked for approval, with its decisions once made.
     pub(crate) fn history(&self) -> Vec<RoundRecord> {
         let mut rounds: Vec<RoundRecord> = Vec::new();
         for event in &self.events {
-            let round = event["round"].as_u64().and_then(|r| u32::try_from(r).ok()).unwrap_or(0);
-            match event["type"].as_str() {
-                Some("approval_requested") => rounds.push(RoundRecord {
-                    round,
-                    requests: serde_json::from_value(event["pending"].clone()).unwrap_or_default(),
-                    console: console_of(event),
+            match event {
+                AutomationEvent::ApprovalRequested { round, pending, console } => rounds.push(RoundRecord {
+                    round: *round,
+                    requests: pending.clone(),
+                    console: console.clone(),
                     decision: None,
                 }),
-                Some("decided") => {
-                    let batch = DecisionBatch {
-                        decisions: serde_json::from_value(event["decisions"].clone()).unwrap_or_default(),
-                        actor: event["actor"].as_str().unwrap_or_default().to_owned(),
-                    };
-                    if let Some(record) = rounds.iter_mut().rev().find(|r| r.round == round) {
-                        record.decision = Some(batch);
+                AutomationEvent::Decided { round, actor, decisions } => {
+                    if let Some(record) = rounds.iter_mut().rev().find(|r| r.round == *round) {
+                        record.decision = Some(DecisionBatch { decisions: decisions.clone(), actor: actor.clone() });
                     }
                 }
                 _ => {}
@@ -208,19 +213,22 @@ impl EventLog {
         self.events
             .iter()
             .rev()
-            .find(|e| e["type"] == "completed" || e["type"] == "failed")
-            .map(console_of)
+            .find_map(|e| match e {
+                AutomationEvent::Completed { console, .. } | AutomationEvent::Failed { console, .. } => {
+                    Some(console.clone())
+                }
+                _ => None,
+            })
             .unwrap_or_default()
     }
 
     /// The value of the `completed` event, if any.
     pub(crate) fn result(&self) -> Option<Value> {
-        self.of_type("completed").last().map(|e| e["value"].clone())
+        self.events.iter().rev().find_map(|e| match e {
+            AutomationEvent::Completed { value, .. } => Some(value.clone()),
+            _ => None,
+        })
     }
-}
-
-fn console_of(event: &Value) -> Vec<Value> {
-    event["console"].as_array().cloned().unwrap_or_default()
 }
 
 /// An error of the automation service. Each maps to one HTTP status.
@@ -242,9 +250,9 @@ pub enum AutomationError {
     /// The decision batch does not fit the pending requests.
     Invalid(InvalidDecisions),
     /// The decider holds none of the roles that may decide this request.
-    NotApprover(String),
+    NotApprover(super::InterruptionId),
     /// The request is the decider's own, and its function requires a second pair of eyes.
-    FourEyes(String),
+    FourEyes(super::InterruptionId),
     /// The service is misconfigured.
     Config(String),
     /// The engine or the database failed.

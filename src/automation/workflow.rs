@@ -8,7 +8,10 @@ use resumable_workflow::{StepContext, StepError, WorkflowContext, WorkflowError}
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::approval_index::ApprovalIndex;
 use super::decision::DecisionBatch;
+use super::event::{AutomationEvent, HookMetadata};
+use super::interruption_id::InterruptionId;
 use super::round::RoundProgress;
 use super::token::HookTokens;
 use crate::connector::{CallScope, Connectors};
@@ -55,7 +58,7 @@ pub struct AutomationInput {
 #[serde(rename_all = "camelCase")]
 pub struct PendingRequest {
     /// The interruption to decide.
-    pub interruption_id: String,
+    pub interruption_id: InterruptionId,
     /// The host function that asked.
     pub function: String,
     /// What it asked for (for a refund: `{kind, orderId, amount}`).
@@ -99,6 +102,7 @@ struct Resume {
 pub(crate) struct Deps {
     pub(crate) runner: Runner,
     pub(crate) continuations: SqlContinuationStore,
+    pub(crate) approvals: ApprovalIndex,
     pub(crate) host: HostProvider,
     pub(crate) connectors: Connectors,
     pub(crate) tokens: HookTokens,
@@ -158,6 +162,27 @@ impl Deps {
         &self,
         input: &AutomationInput,
         automation_id: &str,
+        round: u32,
+        resume: Option<Resume>,
+        step: StepContext,
+    ) -> Result<RoundResult, StepError> {
+        let result = self.run_round(input, automation_id, resume, step).await?;
+        // The approvals list finds this automation while, and only while, a round waits.
+        let index_error = |e: crate::db::DbError| StepError::retryable(e.to_string());
+        if round > 1 {
+            self.approvals.remove(automation_id).await.map_err(index_error)?;
+        }
+        if let RoundResult::Interrupted { .. } = &result {
+            self.approvals.add(&input.tenant, automation_id, round).await.map_err(index_error)?;
+        }
+        Ok(result)
+    }
+
+    /// Runs the script of one round.
+    async fn run_round(
+        &self,
+        input: &AutomationInput,
+        automation_id: &str,
         resume: Option<Resume>,
         step: StepContext,
     ) -> Result<RoundResult, StepError> {
@@ -210,7 +235,7 @@ impl Deps {
                     .interruptions
                     .iter()
                     .map(|i| PendingRequest {
-                        interruption_id: i.id.clone(),
+                        interruption_id: i.id.clone().into(),
                         function: i.function.clone(),
                         request: i.payload.clone(),
                     })
@@ -240,7 +265,7 @@ pub(crate) async fn run_automation(
         let result = {
             let (deps, input, id, resume) = (Arc::clone(&deps), input.clone(), id.clone(), resume.take());
             ctx.step("round", move |s| async move {
-                let result = deps.round(&input, &id, resume, s).await;
+                let result = deps.round(&input, &id, round, resume, s).await;
                 fault::reached(FaultPoint::BeforeRoundRecorded);
                 result
             })
@@ -248,27 +273,25 @@ pub(crate) async fn run_automation(
         };
         match result {
             RoundResult::Completed { value, console } => {
-                ctx.emit(&json!({ "type": "completed", "round": round, "value": value, "console": console })).await?;
+                ctx.emit(&AutomationEvent::Completed { round, value: value.clone(), console }.to_value()).await?;
                 return Ok(json!({ "value": value, "rounds": round }));
             }
             RoundResult::Failed { code, message, console } => {
-                let event =
-                    json!({ "type": "failed", "round": round, "code": code, "message": message, "console": console });
-                ctx.emit(&event).await?;
-                return Err(WorkflowError::msg(error_text(&code, &message)));
+                let text = error_text(&code, &message);
+                ctx.emit(&AutomationEvent::Failed { round: Some(round), code, message, console }.to_value()).await?;
+                return Err(WorkflowError::msg(text));
             }
             RoundResult::Interrupted { continuation, pending, console, connectors } => {
-                let metadata = json!({
-                    "tenant": input.tenant,
-                    "automation": id,
-                    "round": round,
-                    "pending": pending,
-                });
+                let metadata = HookMetadata {
+                    tenant: input.tenant.clone(),
+                    automation: id.clone(),
+                    round,
+                    pending: pending.clone(),
+                };
                 // The hook exists before anyone can learn of the request from the stream.
-                let hook = ctx.hook(&deps.tokens.for_round(&id, round), metadata).await?;
-                let event =
-                    json!({ "type": "approval_requested", "round": round, "pending": pending, "console": console });
-                ctx.emit(&event).await?;
+                let hook = ctx.hook(&deps.tokens.for_round(&id, round), metadata.to_value()).await?;
+                let event = AutomationEvent::ApprovalRequested { round, pending: pending.clone(), console };
+                ctx.emit(&event.to_value()).await?;
                 // Batches arrive until every request is decided; the server checks each before it
                 // delivers it, and one that counts for nothing here is skipped (as the server
                 // told its sender).
@@ -279,14 +302,15 @@ pub(crate) async fn run_automation(
                     }
                 }
                 let batch = progress.as_batch();
-                let event =
-                    json!({ "type": "decided", "round": round, "actor": batch.actor, "decisions": batch.decisions });
-                ctx.emit(&event).await?;
+                let event = AutomationEvent::Decided { round, actor: batch.actor, decisions: batch.decisions };
+                ctx.emit(&event.to_value()).await?;
                 resume = Some(Resume { continuation, resolutions: progress.resolutions(), connectors });
             }
         }
     }
     let message = format!("the automation asked for approval more than {} times", deps.max_rounds);
-    ctx.emit(&json!({ "type": "failed", "code": "AUTOMATION_TOO_MANY_ROUNDS", "message": message })).await?;
-    Err(WorkflowError::msg(error_text("AUTOMATION_TOO_MANY_ROUNDS", &message)))
+    let text = error_text("AUTOMATION_TOO_MANY_ROUNDS", &message);
+    let code = "AUTOMATION_TOO_MANY_ROUNDS".to_owned();
+    ctx.emit(&AutomationEvent::Failed { round: None, code, message, console: Vec::new() }.to_value()).await?;
+    Err(WorkflowError::msg(text))
 }

@@ -81,30 +81,40 @@ pub fn routes() -> Router<AppState> {
 
 /// A refusal the way an application answers one: `{code, message}`.
 fn refusal(status: StatusCode, code: &str, message: impl Into<String>) -> Response {
-    (status, Json(json!({ "code": code, "message": message.into() }))).into_response()
+    Refusal(status, code.to_owned(), message.into()).into_response()
+}
+
+/// An answer that refuses: its status, code and message.
+struct Refusal(StatusCode, String, String);
+
+impl IntoResponse for Refusal {
+    fn into_response(self) -> Response {
+        (self.0, Json(json!({ "code": self.1, "message": self.2 }))).into_response()
+    }
 }
 
 /// The verified request body, or the answer to an unsigned or badly signed one.
-fn verified(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<(DemoApp, Value), Response> {
+fn verified(state: &AppState, headers: &HeaderMap, body: &[u8]) -> Result<(DemoApp, Value), Refusal> {
+    let refused = |status, code: &str, message: &str| Refusal(status, code.to_owned(), message.to_owned());
     let Some(app) = state.demo.clone() else {
-        return Err(refusal(StatusCode::NOT_FOUND, "NOT_FOUND", "the demo application is off (serve --demo)"));
+        return Err(refused(StatusCode::NOT_FOUND, "NOT_FOUND", "the demo application is off (serve --demo)"));
     };
     let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).unwrap_or_default();
     let now = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
     let signed =
         verify(&app.secret, header("webhook-id"), header("webhook-timestamp"), body, header("webhook-signature"), now);
     if !signed {
-        return Err(refusal(StatusCode::UNAUTHORIZED, "BAD_SIGNATURE", "the request is not signed by the server"));
+        return Err(refused(StatusCode::UNAUTHORIZED, "BAD_SIGNATURE", "the request is not signed by the server"));
     }
     let body = serde_json::from_slice(body)
-        .map_err(|_| refusal(StatusCode::BAD_REQUEST, "BAD_REQUEST", "the body is not JSON"))?;
+        .map_err(|_| refused(StatusCode::BAD_REQUEST, "BAD_REQUEST", "the body is not JSON"))?;
     Ok((app, body))
 }
 
 async fn order(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let (app, body) = match verified(&state, &headers, &body) {
         Ok(verified) => verified,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     let (tenant, id) = (body["tenant"].as_str().unwrap_or_default(), body["arguments"]["order_id"].as_str());
     match app.orders.get(tenant, id.unwrap_or_default()).await {
@@ -117,7 +127,7 @@ async fn order(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -
 async fn refund(State(state): State<AppState>, headers: HeaderMap, body: Bytes) -> Response {
     let (app, body) = match verified(&state, &headers, &body) {
         Ok(verified) => verified,
-        Err(response) => return response,
+        Err(refusal) => return refusal.into_response(),
     };
     let tenant = body["tenant"].as_str().unwrap_or_default();
     let (Some(id), Some(amount)) = (body["arguments"]["order_id"].as_str(), body["arguments"]["amount"].as_i64())

@@ -14,7 +14,7 @@ mod state;
 mod workflow;
 
 use std::fmt;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use resumable_workflow::{Engine, EngineError, RunId, RunInfo, RunStatus, StartOptions, StreamReader};
@@ -163,10 +163,13 @@ impl Sessions {
         Sessions { engine, tokens, state, policy_version }
     }
 
-    /// Workflow dependencies sharing a slot that [`Sessions::engine_slot`] fills once built.
-    pub(crate) fn deps(state: SessionState, tokens: HookTokens) -> (Arc<Deps>, Arc<OnceLock<Engine>>) {
-        let engine = Arc::new(OnceLock::new());
-        (Arc::new(Deps { state, tokens, engine: Arc::clone(&engine) }), engine)
+    /// What the session workflow needs, on the engine's `store`.
+    pub(crate) fn deps(
+        state: SessionState,
+        tokens: HookTokens,
+        store: Arc<dyn resumable_workflow::Store>,
+    ) -> Arc<Deps> {
+        Arc::new(Deps { state, tokens, store })
     }
 
     /// Starts a session for `tenant`; returns its id.

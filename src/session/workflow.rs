@@ -2,10 +2,10 @@
 //! (holding no memory), records `hibernated` when the timer wins, and runs each command it
 //! receives as a child automation, in order.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use resumable_workflow::{Engine, RunId, StepError, WorkflowContext, WorkflowError};
+use resumable_workflow::{RunId, StepError, Store, WorkflowContext, WorkflowError};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
@@ -59,8 +59,8 @@ pub enum SessionMessage {
 pub(crate) struct Deps {
     pub(crate) state: SessionState,
     pub(crate) tokens: HookTokens,
-    /// Set once the engine that runs the workflow is built (it reads the commands' events).
-    pub(crate) engine: Arc<OnceLock<Engine>>,
+    /// The engine's store, where the commands' events are read.
+    pub(crate) store: Arc<dyn Store>,
 }
 
 /// The session workflow.
@@ -185,11 +185,9 @@ async fn command_console(
     ctx: &WorkflowContext,
     automation: &RunId,
 ) -> Result<Vec<Value>, WorkflowError> {
-    let (engine, automation) = (Arc::clone(&deps.engine), automation.clone());
+    let (store, automation) = (Arc::clone(&deps.store), automation.clone());
     ctx.step("command_console", move |_| async move {
-        let engine = engine.get().ok_or_else(|| StepError::retryable("the engine is starting"))?;
-        let events = engine
-            .store()
+        let events = store
             .read_stream(&automation, 0, MAX_OUTPUT_EVENTS)
             .await
             .map_err(|e| StepError::retryable(e.to_string()))?;

@@ -37,7 +37,7 @@ pub fn render(approval: &PendingApproval, csrf: &str) -> Html {
     );
     if several {
         for request in &approval.requests {
-            let field = choice_field(&request.interruption_id);
+            let field = choice_field(request.interruption_id.as_str());
             html!(
                 out,
                 "<fieldset class=\"choice\"><legend>{} ({})</legend>\
@@ -106,9 +106,13 @@ pub fn parse(form: &PostedForm, approval: &PendingApproval, actor: &str) -> Resu
         .requests
         .iter()
         .map(|r| {
-            let approved = all.or_else(|| approved(form.get(&choice_field(&r.interruption_id)))).ok_or_else(|| {
-                PageError::bad_form(format!("choose approve or reject for {}; nothing was changed", r.interruption_id))
-            })?;
+            let approved =
+                all.or_else(|| approved(form.get(&choice_field(r.interruption_id.as_str())))).ok_or_else(|| {
+                    PageError::bad_form(format!(
+                        "choose approve or reject for {}; nothing was changed",
+                        r.interruption_id
+                    ))
+                })?;
             Ok(Decision { interruption_id: r.interruption_id.clone(), approved, reason: reason.clone() })
         })
         .collect::<Result<Vec<_>, PageError>>()?;
@@ -128,7 +132,7 @@ mod tests {
             requests: ids
                 .iter()
                 .map(|id| PendingRequest {
-                    interruption_id: (*id).to_owned(),
+                    interruption_id: (*id).into(),
                     function: "orders.refund".into(),
                     request: json!({ "orderId": "<b>", "amount": 1 }),
                 })

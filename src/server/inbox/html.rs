@@ -63,6 +63,12 @@ impl Render for String {
     }
 }
 
+impl Render for crate::automation::InterruptionId {
+    fn render(&self, out: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.as_str().render(out)
+    }
+}
+
 impl Render for Html {
     fn render(&self, out: &mut fmt::Formatter<'_>) -> fmt::Result {
         out.write_str(&self.0)
