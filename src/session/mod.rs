@@ -10,6 +10,7 @@
 //! The session's stream carries `created`, `status` (`active`, `hibernated`, `resuming`,
 //! `destroyed`), `command_start`, `command_output` and `command_end` events.
 
+mod event;
 mod state;
 mod workflow;
 
@@ -21,6 +22,7 @@ use resumable_workflow::{Engine, EngineError, RunId, RunInfo, RunStatus, StartOp
 use serde::Serialize;
 use serde_json::{Value, json};
 
+pub use event::SessionEvent;
 pub use state::{MAX_KEY_BYTES, MAX_KEYS, MAX_STATE_BYTES, MAX_VALUE_BYTES, STATE_LIMIT_CODE, SessionState};
 pub use workflow::{SessionInput, SessionMessage, WORKFLOW};
 
@@ -337,16 +339,17 @@ impl Summary {
     }
 
     fn apply(&mut self, event: &Value) {
-        let command = event["command"].as_u64().unwrap_or_default();
-        match event["type"].as_str() {
-            Some("status") => self.status = event["status"].as_str().unwrap_or_default().to_owned(),
-            Some("command_start") => {
+        // Events this build does not know (a newer release's) change nothing.
+        let Ok(event) = serde_json::from_value::<SessionEvent>(event.clone()) else { return };
+        match event {
+            SessionEvent::Status { status, .. } => self.status = status,
+            SessionEvent::CommandStart { command, automation, .. } => {
                 self.started += 1;
-                self.running = event["automation"].as_str().map(|a| (command, RunId::from(a)));
+                self.running = Some((command, RunId::from(automation)));
             }
-            Some("command_end") => {
+            SessionEvent::CommandEnd { command, status, .. } => {
                 self.ended += 1;
-                if event["status"] == "skipped" {
+                if status == "skipped" {
                     self.skipped += 1;
                 }
                 if self.running.as_ref().is_some_and(|(running, _)| *running == command) {

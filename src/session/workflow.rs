@@ -9,6 +9,7 @@ use resumable_workflow::{RunId, StepError, Store, WorkflowContext, WorkflowError
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
+use super::event::SessionEvent;
 use super::state::SessionState;
 use crate::automation::{AutomationInput, HookTokens, WORKFLOW as AUTOMATION_WORKFLOW};
 
@@ -67,15 +68,14 @@ pub(crate) struct Deps {
 pub(crate) async fn run_session(deps: Arc<Deps>, ctx: WorkflowContext, input: Value) -> Result<Value, WorkflowError> {
     let input: SessionInput = serde_json::from_value(input)?;
     let id = ctx.run_id().to_string();
-    ctx.emit(&json!({
-        "type": "created",
-        "session": id,
-        "tenant": input.tenant,
-        "createdBy": input.created_by,
-        "idleMs": input.idle_ms,
-        "commandTimeoutMs": input.command_timeout_ms,
-    }))
-    .await?;
+    let created = SessionEvent::Created {
+        session: id.clone(),
+        tenant: input.tenant.clone(),
+        created_by: input.created_by.clone(),
+        idle_ms: input.idle_ms,
+        command_timeout_ms: input.command_timeout_ms,
+    };
+    ctx.emit(&created.to_value()).await?;
     ctx.emit(&status("active")).await?;
     let hook = ctx.hook(&deps.tokens.for_session(&id), json!({ "tenant": input.tenant, "session": id })).await?;
     let idle = Duration::from_millis(input.idle_ms);
@@ -104,7 +104,7 @@ pub(crate) async fn run_session(deps: Arc<Deps>, ctx: WorkflowContext, input: Va
                     state.clear(&session).await.map_err(|e| StepError::retryable(e.to_string()))
                 })
                 .await?;
-                ctx.emit(&json!({ "type": "status", "status": "destroyed", "by": by })).await?;
+                ctx.emit(&SessionEvent::Status { status: "destroyed".into(), by: Some(by) }.to_value()).await?;
                 return Ok(json!({ "commands": command }));
             }
             Err(_) => continue,
@@ -113,7 +113,7 @@ pub(crate) async fn run_session(deps: Arc<Deps>, ctx: WorkflowContext, input: Va
 }
 
 fn status(status: &str) -> Value {
-    json!({ "type": "status", "status": status })
+    SessionEvent::Status { status: status.to_owned(), by: None }.to_value()
 }
 
 /// Runs command `command` as a child automation and records how it ended.
@@ -133,7 +133,9 @@ async fn run_command(
         })
         .await?;
     if ended_by.is_some() {
-        ctx.emit(&json!({ "type": "command_end", "command": command, "status": "skipped" })).await?;
+        let skipped =
+            SessionEvent::CommandEnd { command, automation: None, status: "skipped".into(), value: None, error: None };
+        ctx.emit(&skipped.to_value()).await?;
         return Ok(());
     }
     let child_input = AutomationInput {
@@ -147,35 +149,28 @@ async fn run_command(
     };
     let child = ctx.start_child(AUTOMATION_WORKFLOW, serde_json::to_value(&child_input)?).await?;
     let automation = child.run_id().clone();
-    ctx.emit(&json!({
-        "type": "command_start",
-        "command": command,
-        "automation": automation,
-        "submittedBy": submitted_by,
-    }))
-    .await?;
+    let start =
+        SessionEvent::CommandStart { command, automation: automation.to_string(), submitted_by: submitted_by.clone() };
+    ctx.emit(&start.to_value()).await?;
     let result = child.result().await;
     let console = command_console(deps, ctx, &automation).await?;
     if !console.is_empty() {
-        ctx.emit(&json!({ "type": "command_output", "command": command, "console": console })).await?;
+        ctx.emit(&SessionEvent::CommandOutput { command, console }.to_value()).await?;
     }
-    let end = match result {
-        Ok(output) => json!({ "status": "completed", "value": output["value"] }),
+    let (status, value, error) = match result {
+        Ok(output) => ("completed", Some(output["value"].clone()), None),
         Err(WorkflowError::ChildFailed { status, error, .. }) if status == "cancelled" => {
             let message = if error.is_empty() { "the command was cancelled".to_owned() } else { error };
-            json!({ "status": "cancelled", "error": { "code": "RUN_ABORTED", "message": message } })
+            ("cancelled", None, Some(json!({ "code": "RUN_ABORTED", "message": message })))
         }
         Err(WorkflowError::ChildFailed { error, .. }) => {
             let (code, message) = error.split_once(": ").unwrap_or(("RUN_ERROR", error.as_str()));
-            json!({ "status": "failed", "error": { "code": code, "message": message } })
+            ("failed", None, Some(json!({ "code": code, "message": message })))
         }
         Err(other) => return Err(other),
     };
-    let mut event = json!({ "type": "command_end", "command": command, "automation": automation });
-    if let (Some(event), Value::Object(end)) = (event.as_object_mut(), end) {
-        event.extend(end);
-    }
-    ctx.emit(&event).await?;
+    let automation = Some(automation.to_string());
+    ctx.emit(&SessionEvent::CommandEnd { command, automation, status: status.into(), value, error }.to_value()).await?;
     Ok(())
 }
 
