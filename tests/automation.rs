@@ -172,6 +172,9 @@ async fn two_rounds_and_a_parallel_batch() {
     let progress = &partly.pending.as_ref().expect("still pending").progress;
     assert_eq!(progress.iter().map(|p| p.approved_by.len()).collect::<Vec<_>>(), [1, 0], "{partly:?}");
     assert!(s.orders.refunds("acme").await.unwrap().is_empty(), "nothing resumes before the round is decided");
+    // A batch that names the decided request too counts for nothing, and says why.
+    let mixed = s.automations.decide("acme", &id, decide_all_ids(&["interrupt-1", "interrupt-2"]), &["approver"]).await;
+    assert_eq!(mixed, Err(AutomationError::AlreadyDecided));
     s.automations.decide("acme", &id, decide_all_ids(&["interrupt-2"]), &["approver"]).await.unwrap();
     let view = settled(&s, &id).await;
     assert_eq!(view.pending.as_ref().map(|p| p.round), Some(2), "{view:?}");

@@ -490,11 +490,13 @@ async fn a_hangup_reloads_functions_and_keys_while_a_pending_approval_completes(
     }
     assert!(server.is_running());
 
-    // A good one adds a function and a key, at once.
+    // A good one adds a function and a key and drops another function, at once.
+    let text_block = format!("[functions.\"ops.text\"]\nurl = \"http://{addr}/text\"\nsecret = \"{SECRET}\"\n");
+    assert!(config(addr).contains(&text_block));
     let added = format!(
         "{}\n[functions.\"ops.added\"]\nurl = \"http://{addr}/added\"\nsecret = \"{SECRET}\"\n\n\
          [[keys]]\nkey = \"key-dave-0001\"\nactor = \"dave\"\ntenant = \"acme\"\nroles = [\"submitter\"]\n",
-        config(addr)
+        config(addr).replace(&text_block, "")
     );
     write_config(&dir, &added);
     hangup(server.pid());
@@ -508,7 +510,8 @@ async fn a_hangup_reloads_functions_and_keys_while_a_pending_approval_completes(
     let done = finished(&dave, &id).await;
     assert_eq!(done["result"]["ok"], "added", "{done}");
 
-    // The automation that waited through both reloads completes.
+    // The automation that waited through both reloads completes, although a function it could
+    // call is gone (calling it now would fail with CONNECTOR_REMOVED).
     let accepted = bob.post(&format!("/v1/automations/{waiting}/decisions"), &decision(&approval, true)).await;
     assert_eq!(accepted.status, 202, "{}", accepted.text());
     let done = finished(&alice, &waiting).await;

@@ -320,15 +320,15 @@ impl Automations {
     }
 
     /// Delivers a decision batch for the open round of automation `id`, after checking that the
-    /// hook's metadata names `tenant` and this automation and that the batch decides every
-    /// pending request exactly once.
+    /// hook's metadata names `tenant` and this automation, and that the batch decides some of
+    /// the round's pending requests, each at most once (see [`RoundProgress`]).
     ///
-    /// The answer depends only on what was decided, never on timing: a batch whose interruption
-    /// ids were all decided already, in this round or an earlier one, is
-    /// [`AutomationError::AlreadyDecided`], whether it repeats or contradicts that decision,
-    /// arrives concurrently or after a retry, and even after the automation ended (of concurrent
-    /// deliveries exactly one is applied). [`AutomationError::Ended`] is only for ids that were
-    /// never decided in an automation that has ended.
+    /// The answer depends only on what was decided, never on timing: a batch that names a
+    /// request decided already (or decided by its actor already), in this round or an earlier
+    /// one, is [`AutomationError::AlreadyDecided`], whether it repeats or contradicts that
+    /// decision, arrives concurrently or after a retry, and even after the automation ended.
+    /// [`AutomationError::Ended`] is only for ids that were never decided in an automation that
+    /// has ended.
     ///
     /// The decider (`batch.actor`, holding `roles`) must hold a role that may decide each request:
     /// one of a connector's `approvers`, or [`APPROVER_ROLE`] for any other request; and a
@@ -356,16 +356,19 @@ impl Automations {
             {
                 Err(AutomationError::AlreadyDecided)
             }
-            Err(AutomationError::AlreadyDecided) => match self.engine.get_run(id).await?.status {
+            // The round's hook is gone: the automation ended, or has not asked yet.
+            Err(AutomationError::NotWaiting) => match self.engine.get_run(id).await?.status {
                 status if status.is_terminal() => Err(AutomationError::Ended(status)),
                 _ => Err(AutomationError::NotWaiting),
             },
+            // The batches before this one decided a request it names (or its actor decided it).
             Err(e) => Err(e),
         }
     }
 
-    /// Delivers `batch` to the open round's hook, if it decides that round's pending requests;
-    /// [`AutomationError::AlreadyDecided`] when another batch got there first.
+    /// Delivers `batch` to the open round's hook, if it counts there: [`AutomationError::AlreadyDecided`]
+    /// when the batches before it decided a request it names, [`AutomationError::NotWaiting`]
+    /// when the round's hook is gone.
     async fn deliver(
         &self,
         tenant: &str,
@@ -376,7 +379,7 @@ impl Automations {
         let log = EventLog::read(&self.engine, id).await?;
         let Some((round, _)) = log.open_round() else { return Err(AutomationError::NotWaiting) };
         let token = self.tokens.for_round(id.as_str(), round);
-        let Some(hook) = self.engine.get_hook(&token).await? else { return Err(AutomationError::AlreadyDecided) };
+        let Some(hook) = self.engine.get_hook(&token).await? else { return Err(AutomationError::NotWaiting) };
         let metadata = HookMetadata::of(&hook.metadata)
             .ok_or_else(|| AutomationError::Internal("the round's hook has no automation metadata".into()))?;
         if metadata.tenant != tenant || metadata.automation != id.as_str() || hook.run_id != *id {
@@ -393,7 +396,7 @@ impl Automations {
         let receipt = match self.engine.resume_hook(&token, batch.to_value()).await {
             Ok(receipt) => receipt,
             // Disposed meanwhile: the automation ended.
-            Err(EngineError::HookNotFound) => return Err(AutomationError::AlreadyDecided),
+            Err(EngineError::HookNotFound) => return Err(AutomationError::NotWaiting),
             Err(e) => return Err(e.into()),
         };
         // Whether the batch counts depends only on the batches the hook received before it,

@@ -38,13 +38,14 @@ pub struct RequestProgress {
     pub approved_by: Vec<String>,
     /// Who rejected it, if someone did.
     pub rejected_by: Option<String>,
-    /// The last reason given.
+    /// The reason the script is resumed with: the rejection's, or else the last approval's.
     #[serde(skip)]
-    reason: Option<String>,
+    pub reason: Option<String>,
 }
 
 impl RequestProgress {
-    fn is_decided(&self) -> bool {
+    /// Whether the request is decided: rejected, or approved by its quorum.
+    pub fn is_decided(&self) -> bool {
         self.rejected_by.is_some() || self.approved_by.len() >= self.quorum as usize
     }
 }
@@ -58,7 +59,11 @@ pub(crate) struct RoundProgress {
 impl RoundProgress {
     /// No decision yet on `pending`.
     pub(crate) fn new(pending: &[PendingRequest]) -> RoundProgress {
-        let quorum = |p: &PendingRequest| p.request["quorum"].as_u64().and_then(|q| u32::try_from(q).ok()).unwrap_or(1);
+        // Only a connector's request carries a quorum (from its configuration).
+        let quorum = |p: &PendingRequest| match p.request["kind"] == crate::connector::APPROVAL_KIND {
+            true => p.request["quorum"].as_u64().and_then(|q| u32::try_from(q).ok()).unwrap_or(1),
+            false => 1,
+        };
         RoundProgress {
             requests: pending
                 .iter()
@@ -115,10 +120,12 @@ impl RoundProgress {
             if let Some(request) = self.requests.iter_mut().find(|r| r.interruption_id == decision.interruption_id) {
                 if decision.approved {
                     request.approved_by.push(batch.actor.clone());
+                    if decision.reason.is_some() {
+                        request.reason.clone_from(&decision.reason);
+                    }
                 } else {
+                    // A rejection says why in its own words (or not at all).
                     request.rejected_by = Some(batch.actor.clone());
-                }
-                if decision.reason.is_some() {
                     request.reason.clone_from(&decision.reason);
                 }
             }
@@ -196,7 +203,7 @@ mod tests {
             .map(|(i, q)| PendingRequest {
                 interruption_id: format!("interrupt-{}", i + 1).into(),
                 function: "f.g".into(),
-                request: json!({ "quorum": q }),
+                request: json!({ "kind": crate::connector::APPROVAL_KIND, "quorum": q }),
             })
             .collect()
     }
@@ -223,7 +230,9 @@ mod tests {
         assert_eq!(round.apply(&batch("dave", &[("interrupt-2", false)])), Err(Refusal::AlreadyDecided));
 
         let mut rejected = RoundProgress::new(&pending(&[2]));
-        rejected.apply(&batch("bob", &[("interrupt-1", true)])).unwrap();
+        let mut approved = batch("bob", &[("interrupt-1", true)]);
+        approved.decisions[0].reason = Some("fine by me".into());
+        rejected.apply(&approved).unwrap();
         rejected.apply(&batch("carol", &[("interrupt-1", false)])).unwrap();
         assert!(rejected.is_decided());
         assert_eq!(

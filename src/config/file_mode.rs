@@ -1,16 +1,22 @@
-//! A file that holds secrets may be read by its owner only.
+//! Who else may touch the configuration file: nobody may write it, and nobody may read it when it
+//! holds a secret in clear.
 
+use std::io::Read as _;
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 
 use super::ConfigError;
 
-/// Fails when users other than the owner may read or write `path`.
-pub(super) fn refuse_if_shared(path: &Path) -> Result<(), ConfigError> {
-    let metadata = std::fs::metadata(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
-    let mode = metadata.permissions().mode() & 0o777;
-    if mode & 0o077 != 0 {
-        return Err(ConfigError::Exposed { path: path.into(), mode });
+/// The text of the file at `path` and its permission bits, read through one open file (so what
+/// was checked is what was read); refuses a file that users other than the owner may write.
+pub(super) fn read_guarded(path: &Path) -> Result<(String, u32), ConfigError> {
+    let read = |source| ConfigError::Read { path: path.into(), source };
+    let mut file = std::fs::File::open(path).map_err(read)?;
+    let mode = file.metadata().map_err(read)?.permissions().mode() & 0o777;
+    if mode & 0o022 != 0 {
+        return Err(ConfigError::Writable { path: path.into(), mode });
     }
-    Ok(())
+    let mut text = String::new();
+    file.read_to_string(&mut text).map_err(read)?;
+    Ok((text, mode))
 }

@@ -9,8 +9,9 @@ use serde_json::Value;
 
 use super::values::{Endpoint, Seconds, WebhookSecret};
 
-/// Namespaces the server defines itself; a configured function may not use them.
-const SERVER_NAMESPACES: &[&str] = &["automation", "session", "policy"];
+/// Namespaces the server defines itself (`orders` is its compiled-in order system); a
+/// configured function may not use them.
+const SERVER_NAMESPACES: &[&str] = &["automation", "session", "policy", "orders"];
 
 /// The most retries a function may ask for.
 const MAX_RETRIES: u32 = 10;

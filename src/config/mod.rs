@@ -86,6 +86,17 @@ pub enum ConfigError {
         /// What is wrong, and where.
         message: String,
     },
+    /// Users other than its owner may change the file (and with it who may approve what).
+    #[error(
+        "{path} may be changed by other users (mode {mode:03o}): run `chmod go-w {path}`",
+        path = .path.display()
+    )]
+    Writable {
+        /// The file.
+        path: PathBuf,
+        /// Its permission bits.
+        mode: u32,
+    },
     /// The file holds a secret in clear and other users may read it.
     #[error(
         "{path} holds secrets and is readable by other users (mode {mode:03o}): run `chmod 600 {path}`, \
@@ -114,18 +125,18 @@ pub struct ServeConfig {
 impl ServeConfig {
     /// Reads and checks the file at `path`.
     pub fn load(path: &Path) -> Result<ServeConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read { path: path.into(), source })?;
+        let (text, mode) = file_mode::read_guarded(path)?;
         let config =
             ServeConfig::parse(&text).map_err(|message| ConfigError::Invalid { path: path.into(), message })?;
-        if config.holds_clear_secrets() {
-            file_mode::refuse_if_shared(path)?;
+        if config.holds_clear_secrets() && mode & 0o077 != 0 {
+            return Err(ConfigError::Exposed { path: path.into(), mode });
         }
         Ok(config)
     }
 
     /// Parses and checks the text of a file; the error says where and what.
     pub fn parse(text: &str) -> Result<ServeConfig, String> {
-        let file: ConfigFile = toml::from_str(text).map_err(|e| e.to_string().trim_end().to_owned())?;
+        let file: ConfigFile = toml::from_str(text).map_err(|e| parse_error(text, &e))?;
         let at = |span: std::ops::Range<usize>, what: String| format!("line {}: {what}", line_of(text, span.start));
         let mut keys = Vec::with_capacity(file.keys.len());
         for (i, key) in file.keys.iter().enumerate() {
@@ -142,9 +153,11 @@ impl ServeConfig {
         Ok(ServeConfig { file, keys, functions })
     }
 
-    /// Whether a key or a connector secret is written in the file itself.
+    /// Whether a key, a connector secret or a database password is written in the file itself.
     fn holds_clear_secrets(&self) -> bool {
-        self.file.keys.iter().any(|k| k.get_ref().key.is_some())
+        let database = self.file.database.as_deref().and_then(|url| reqwest::Url::parse(url).ok());
+        database.is_some_and(|url| url.password().is_some())
+            || self.file.keys.iter().any(|k| k.get_ref().key.is_some())
             || self.file.functions.values().any(|f| f.get_ref().secret.is_some())
     }
 
@@ -152,6 +165,24 @@ impl ServeConfig {
     pub fn lease(&self) -> Option<Duration> {
         self.file.lease.map(|s| s.0)
     }
+}
+
+/// A parse error as `line L, column C: key: what was expected`. The parser's own rendering quotes
+/// the offending line, which may hold a secret, so only the key (the text before `=` on that
+/// line) is repeated.
+fn parse_error(text: &str, e: &toml::de::Error) -> String {
+    let Some(span) = e.span() else { return e.message().to_owned() };
+    let start = span.start.min(text.len());
+    let line_start = text[..start].rfind('\n').map_or(0, |at| at + 1);
+    let column = text[line_start..start].chars().count() + 1;
+    let source_line = text[line_start..].lines().next().unwrap_or_default().trim();
+    let key = match source_line.split_once('=') {
+        Some((key, _)) => key.trim(),
+        // A table header (`[functions."x"]`) holds no value.
+        None if source_line.starts_with('[') => source_line,
+        None => "",
+    };
+    format!("line {}, column {column}: {key}: {}", line_of(text, start), e.message())
 }
 
 /// The line (from 1) of byte `offset` in `text`.

@@ -162,5 +162,22 @@ fn a_file_with_secrets_that_others_can_read_is_refused() {
     std::fs::write(&path, "listen = \"127.0.0.1:1\"\n").unwrap();
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
     assert!(ServeConfig::load(&path).is_ok());
+    // Nobody else may change it, secrets or not: it says who may approve what.
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o664)).unwrap();
+    assert!(matches!(ServeConfig::load(&path), Err(ConfigError::Writable { mode: 0o664, .. })));
+    // A database password is a secret too.
+    std::fs::write(&path, "database = \"postgres://app:hunter2@db/prod\"\n").unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+    assert!(matches!(ServeConfig::load(&path), Err(ConfigError::Exposed { .. })));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn errors_never_repeat_a_secret() {
+    let short_secret = "[functions.\"a.b\"]\nurl = \"http://x\"\nsecret = \"whsec_c2hvcnQ=\"\n";
+    let error = ServeConfig::parse(short_secret).unwrap_err();
+    assert!(!error.contains("c2hvcnQ") && error.contains("line 3") && error.contains("secret"), "{error}");
+    let inline_key = "keys = [{ key = \"verysecretkey123\", actor = \"a\", tenant = \"t\", roles = [\"bad role\"] }]\n";
+    let error = ServeConfig::parse(inline_key).unwrap_err();
+    assert!(!error.contains("verysecretkey123") && error.contains("keys"), "{error}");
 }

@@ -12,16 +12,16 @@ mod policy;
 mod request;
 mod signature;
 
-use std::collections::BTreeMap;
 use std::sync::{Arc, RwLock};
 
 use resumable_host::{HostCallContext, HostError, HostFunctions};
+use resumable_runner::RunnerConfig;
 use serde_json::{Map, Value, json};
 
 pub use policy::Predicates;
 pub use signature::{TOLERANCE_SECS, sign, verify};
 
-use crate::config::{Approval, FunctionConfig, FunctionName, placeholders_in};
+use crate::config::{Approval, FunctionConfig, FunctionName};
 use request::Sender;
 
 /// The interrupt payload's `kind` for a connector's approval request.
@@ -62,6 +62,8 @@ pub enum ConnectorError {
 #[derive(Clone)]
 pub struct Connectors {
     current: Arc<RwLock<Arc<ConnectorSet>>>,
+    /// How approval predicates run.
+    predicate_runner: RunnerConfig,
 }
 
 /// One configuration's connectors.
@@ -93,9 +95,19 @@ pub struct CallScope {
 pub type FunctionSpec = (FunctionName, FunctionConfig, Vec<u8>);
 
 impl Connectors {
-    /// Connectors for `functions`.
+    /// Connectors for `functions`, whose approval predicates run on threads of this process.
     pub fn new(functions: Vec<FunctionSpec>) -> Result<Connectors, ConnectorError> {
-        Ok(Connectors { current: Arc::new(RwLock::new(Arc::new(ConnectorSet::new(functions)?))) })
+        Connectors::with_predicate_runner(functions, RunnerConfig::new())
+    }
+
+    /// Connectors for `functions`, whose approval predicates run as `runner` says (the server
+    /// gives them worker processes, as it does scripts).
+    pub fn with_predicate_runner(
+        functions: Vec<FunctionSpec>,
+        runner: RunnerConfig,
+    ) -> Result<Connectors, ConnectorError> {
+        let set = ConnectorSet::new(functions, &runner)?;
+        Ok(Connectors { current: Arc::new(RwLock::new(Arc::new(set))), predicate_runner: runner })
     }
 
     /// No connectors.
@@ -105,7 +117,7 @@ impl Connectors {
 
     /// Replaces every connector with `functions`; on an error the current ones stay.
     pub fn reload(&self, functions: Vec<FunctionSpec>) -> Result<(), ConnectorError> {
-        let set = Arc::new(ConnectorSet::new(functions)?);
+        let set = Arc::new(ConnectorSet::new(functions, &self.predicate_runner)?);
         *self.current.write().unwrap_or_else(|e| e.into_inner()) = set;
         Ok(())
     }
@@ -131,7 +143,9 @@ impl Connectors {
         catalog::typescript(set.visible(tenant).map(|c| (&c.name, &c.config)))
     }
 
-    /// The functions `scope`'s tenant may call; of them only those named in `only`, if given.
+    /// The functions `scope`'s tenant may call. With `only`, exactly the functions it names (an
+    /// earlier round's set, which its continuation is bound to): of them, one the configuration no
+    /// longer has for the tenant fails when called, with `CONNECTOR_REMOVED`.
     pub fn host_functions(&self, scope: &CallScope, only: Option<&[String]>) -> HostFunctions {
         let set = self.snapshot();
         let mut builder = HostFunctions::builder();
@@ -146,13 +160,21 @@ impl Connectors {
                 async move { set.call(index, &scope, ctx, args).await }
             });
         }
+        let served = |name: &str| set.functions.iter().any(|c| c.name.as_str() == name && c.serves(&scope.tenant));
+        for name in only.into_iter().flatten().filter(|name| !served(name)) {
+            let message = format!("{name} is no longer configured on this server");
+            builder = builder.function(name, move |_ctx, _args| {
+                let message = message.clone();
+                async move { Err(HostError::new(message).with_details(json!({ "code": "CONNECTOR_REMOVED" }))) }
+            });
+        }
         // The names were checked when the configuration was read.
         builder.build().unwrap_or_else(|_| HostFunctions::empty())
     }
 }
 
 impl ConnectorSet {
-    fn new(functions: Vec<FunctionSpec>) -> Result<ConnectorSet, ConnectorError> {
+    fn new(functions: Vec<FunctionSpec>, runner: &RunnerConfig) -> Result<ConnectorSet, ConnectorError> {
         let mut connectors = Vec::with_capacity(functions.len());
         for (name, config, secret) in functions {
             let mut validators = Vec::with_capacity(config.params.len());
@@ -170,7 +192,10 @@ impl ConnectorSet {
         Ok(ConnectorSet {
             functions: connectors,
             sender: Sender::new().map_err(ConnectorError::Client)?,
-            predicates: if predicated { Some(Predicates::new().map_err(ConnectorError::Predicates)?) } else { None },
+            predicates: match predicated {
+                true => Some(Predicates::new(runner.clone()).map_err(ConnectorError::Predicates)?),
+                false => None,
+            },
         })
     }
 
@@ -278,21 +303,30 @@ impl Connector {
     }
 }
 
-/// `template` with each `{param}` replaced by the argument (strings without their quotes).
+/// `template` with each `{param}` replaced by the argument (strings without their quotes), in
+/// one pass: an argument's own text is never read as a placeholder.
 fn render_summary(template: &str, arguments: &Value) -> String {
-    let mut out = template.to_owned();
-    let names: BTreeMap<&str, String> = placeholders_in(template)
-        .map(|name| {
-            let value = match &arguments[name] {
-                Value::String(s) => s.clone(),
-                other => other.to_string(),
-            };
-            (name, value)
-        })
-        .collect();
-    for (name, value) in names {
-        out = out.replace(&format!("{{{name}}}"), &value);
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(open) = rest.find('{') {
+        out.push_str(&rest[..open]);
+        let after = &rest[open + 1..];
+        match after.find('}') {
+            Some(close) => {
+                match &arguments[&after[..close]] {
+                    Value::String(s) => out.push_str(s),
+                    Value::Null => out.push_str(&rest[open..open + close + 2]),
+                    other => out.push_str(&other.to_string()),
+                }
+                rest = &after[close + 1..];
+            }
+            None => {
+                out.push_str(&rest[open..]);
+                rest = "";
+            }
+        }
     }
+    out.push_str(rest);
     out
 }
 
@@ -304,5 +338,7 @@ mod tests {
     fn a_summary_names_the_arguments() {
         let arguments = json!({ "order_id": "A-1", "amount": 1500 });
         assert_eq!(render_summary("Refund {amount} on order {order_id}", &arguments), "Refund 1500 on order A-1");
+        let sneaky = json!({ "order_id": "{amount}", "amount": 1 });
+        assert_eq!(render_summary("{order_id}: {amount}", &sneaky), "{amount}: 1", "an argument is not a template");
     }
 }

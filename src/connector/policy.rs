@@ -1,6 +1,7 @@
 //! Approval predicates: a `when` expression over a call's arguments, evaluated in a fresh sandbox
-//! realm of a runner of its own (never in the host, never in the scripts' pool, so a predicate
-//! cannot wait on a script that waits on it). A predicate that throws, runs out of time or gives
+//! realm of a runner of its own (never in the scripts' pool, so a predicate cannot wait on a script
+//! that waits on it). The server gives that runner its worker processes, so the arguments, which a
+//! script chose, meet QuickJS only in a confined worker. A predicate that throws, runs out of time or gives
 //! anything but `false` requires approval: it fails closed.
 
 use resumable_host::HostFunctions;
@@ -19,9 +20,10 @@ pub struct Predicates {
 }
 
 impl Predicates {
-    /// A runner of two threads for predicates.
-    pub fn new() -> Result<Predicates, resumable_runner::ConfigError> {
-        Ok(Predicates { runner: Runner::new(RunnerConfig::new().workers(2))? })
+    /// A runner of two workers for predicates, configured as `config` says (threads or worker
+    /// processes).
+    pub fn new(config: RunnerConfig) -> Result<Predicates, resumable_runner::ConfigError> {
+        Ok(Predicates { runner: Runner::new(config.workers(2))? })
     }
 
     /// Whether `expression` over `args` requires approval: only a `false` result does not.
@@ -63,7 +65,7 @@ mod tests {
 
     #[tokio::test]
     async fn true_requires_false_does_not_and_anything_else_fails_closed() {
-        let predicates = Predicates::new().unwrap();
+        let predicates = Predicates::new(RunnerConfig::new()).unwrap();
         let args = json!({ "amount": 1500 });
         assert!(predicates.requires_approval("f", "args.amount > 1000", &args).await);
         assert!(!predicates.requires_approval("f", "args.amount > 2000", &args).await);

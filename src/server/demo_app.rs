@@ -142,8 +142,15 @@ async fn refund(State(state): State<AppState>, headers: HeaderMap, body: Bytes) 
             format!("a refund above {APPROVAL_ABOVE_CENTS} needs approval"),
         );
     }
-    let Some(key) = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty()) else {
-        return refusal(StatusCode::BAD_REQUEST, "BAD_REQUEST", "an Idempotency-Key header is required");
+    // The key an effect is applied under is the signed webhook-id; the Idempotency-Key header,
+    // which the signature does not cover, must say the same.
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok()).filter(|k| !k.is_empty());
+    let Some(key) = header("webhook-id").filter(|id| header("idempotency-key") == Some(*id)) else {
+        return refusal(
+            StatusCode::BAD_REQUEST,
+            "BAD_REQUEST",
+            "an Idempotency-Key equal to the webhook-id is required",
+        );
     };
     match app.orders.apply_refund(tenant, id, amount, key).await {
         Ok(refunded) => Json(refunded).into_response(),

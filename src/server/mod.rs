@@ -204,7 +204,8 @@ pub async fn serve(
     {
         return Err(ServerError::DemoFunction(name.to_string()));
     }
-    let connectors = Connectors::new(config.functions.into_iter().chain(demo_functions.clone()).collect())?;
+    let functions = config.functions.into_iter().chain(demo_functions.clone()).collect();
+    let connectors = Connectors::with_predicate_runner(functions, config.runner.clone())?;
     let service = open_service(
         &config.db_url,
         &secret,
@@ -219,11 +220,14 @@ pub async fn serve(
     tracing::info!(listen = %local, keys = keys.len(), demo = config.demo, "serving the approval API");
     // Scripts and tests read this line to find the port.
     println!("listening on http://{local}");
-    if let Some((path, other_keys)) = config.reload_from {
-        let other_keys = if config.demo { other_keys.merge(ApiKeys::demo()) } else { other_keys };
-        let reload = Reload { path, other_keys, keys: keys.clone(), connectors, fixed_functions: demo_functions };
-        tokio::spawn(reload.on_hangup());
-    }
+    // A SIGHUP never stops the server: without a configuration file it reloads nothing.
+    let (path, other_keys) = match config.reload_from {
+        Some((path, other_keys)) => (Some(path), other_keys),
+        None => (None, ApiKeys::default()),
+    };
+    let other_keys = if config.demo { other_keys.merge(ApiKeys::demo()) } else { other_keys };
+    let reload = Reload { path, other_keys, keys: keys.clone(), connectors, fixed_functions: demo_functions };
+    tokio::spawn(reload.on_hangup());
     let (stop, shutting_down) = watch::channel(false);
     let inbox = InboxSettings::from_secret(&secret, config.secure_cookies);
     let state = AppState {
@@ -277,8 +281,8 @@ async fn check_workers(runner: &RunnerConfig) -> Result<(), ServerError> {
 
 /// What a SIGHUP reloads, and what stays.
 struct Reload {
-    /// The configuration file.
-    path: PathBuf,
+    /// The configuration file, if the server has one.
+    path: Option<PathBuf>,
     /// The keys that do not come from the file (`--keys`, the environment, the demo's).
     other_keys: ApiKeys,
     /// The keys the server checks, replaced on each reload.
@@ -298,8 +302,12 @@ impl Reload {
             return;
         };
         while hangups.recv().await.is_some() {
-            let path = self.path.display();
-            match self.apply() {
+            let Some(file) = self.path.as_deref() else {
+                tracing::warn!("SIGHUP: the server has no --config file, so there is nothing to reload");
+                continue;
+            };
+            let path = file.display();
+            match self.apply(file) {
                 Ok(functions) => {
                     tracing::info!(%path, keys = self.keys.len(), functions, "configuration reloaded");
                 }
@@ -308,16 +316,20 @@ impl Reload {
         }
     }
 
-    fn apply(&self) -> Result<usize, String> {
-        let config = ServeConfig::load(&self.path).map_err(|e| e.to_string())?;
+    fn apply(&self, path: &std::path::Path) -> Result<usize, String> {
+        let config = ServeConfig::load(path).map_err(|e| e.to_string())?;
         let fixed = self.fixed_functions.iter();
         if let Some((name, _, _)) = fixed.clone().find(|(f, _, _)| config.functions.iter().any(|(n, _, _)| n == f)) {
             return Err(format!("the file defines {name}, which --demo defines too"));
         }
         let functions: Vec<FunctionSpec> = config.functions.into_iter().chain(fixed.cloned()).collect();
         let count = functions.len();
+        let keys = config.keys.merge(self.other_keys.clone());
+        if keys.is_empty() {
+            return Err("it leaves no API key".to_owned());
+        }
         self.connectors.reload(functions).map_err(|e| e.to_string())?;
-        self.keys.replace_with(&config.keys.merge(self.other_keys.clone()));
+        self.keys.replace_with(&keys);
         Ok(count)
     }
 }

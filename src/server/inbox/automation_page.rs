@@ -101,7 +101,7 @@ pub fn render(viewer: Viewer<'_>, view: &AutomationView) -> Html {
             html!(main, "{}", request::render(r));
         }
         if viewer.caller.roles.contains(&Role::APPROVER) {
-            html!(main, "{}", decision_form::render(pending, viewer.csrf));
+            html!(main, "{}", decision_form::render(pending, &viewer.caller.actor, viewer.csrf));
         } else {
             html!(main, "<p class=\"notice\" role=\"status\">{}</p>\n", NOT_AN_APPROVER);
         }

@@ -1,11 +1,12 @@
 //! The form that decides one round of an automation, and how its post becomes a
 //! [`DecisionBatch`].
 //!
-//! One form per round, because a batch must decide every pending request of the round exactly
-//! once. It has one optional reason (given to every decision) and the buttons *Approve* and
-//! *Reject* (for all requests of the round); a round with several requests also has an approve or
-//! reject choice per request and a button that submits those choices. A hidden `round` field
-//! makes a stale form (for a round that was decided meanwhile) fail instead of deciding a newer one.
+//! One form per round. It decides the round's requests that are still open for the viewer (not
+//! decided yet, nor decided by the viewer already): one optional reason (given to every decision)
+//! and the buttons *Approve* and *Reject* (for all of them); with several open requests also an
+//! approve or reject choice per request and a button that submits the choices made, leaving the
+//! others open. A hidden `round` field makes a stale form (for a round that was decided
+//! meanwhile) fail instead of deciding a newer one.
 
 use axum::http::StatusCode;
 
@@ -13,7 +14,7 @@ use super::csrf;
 use super::error::PageError;
 use super::form::PostedForm;
 use super::html::{Html, html};
-use crate::automation::{Decision, DecisionBatch, MAX_REASON_CHARS, PendingApproval};
+use crate::automation::{Decision, DecisionBatch, MAX_REASON_CHARS, PendingApproval, PendingRequest};
 use crate::server::error::ApiError;
 
 /// The name of the per-request choice field of `interruption_id`.
@@ -21,10 +22,23 @@ fn choice_field(interruption_id: &str) -> String {
     format!("decision:{interruption_id}")
 }
 
-/// The decision form of `approval`, with the session's CSRF token.
-pub fn render(approval: &PendingApproval, csrf: &str) -> Html {
+/// The requests of `approval` that `actor` may still decide: not decided, nor approved by them.
+fn open_requests<'a>(approval: &'a PendingApproval, actor: &str) -> Vec<&'a PendingRequest> {
+    approval
+        .requests
+        .iter()
+        .filter(|r| {
+            let progress = approval.progress.iter().find(|p| p.interruption_id == r.interruption_id);
+            progress.is_none_or(|p| !p.is_decided() && !p.approved_by.iter().any(|a| a == actor))
+        })
+        .collect()
+}
+
+/// The decision form of `approval` for `actor`, with the session's CSRF token.
+pub fn render(approval: &PendingApproval, actor: &str, csrf: &str) -> Html {
     let id = approval.automation_id.as_str();
-    let several = approval.requests.len() > 1;
+    let open = open_requests(approval, actor);
+    let several = open.len() > 1;
     let mut out = Html::new();
     html!(
         out,
@@ -36,7 +50,7 @@ pub fn render(approval: &PendingApproval, csrf: &str) -> Html {
         approval.round
     );
     if several {
-        for request in &approval.requests {
+        for request in &open {
             let field = choice_field(request.interruption_id.as_str());
             html!(
                 out,
@@ -102,20 +116,17 @@ pub fn parse(form: &PostedForm, approval: &PendingApproval, actor: &str) -> Resu
         Some("each") => None,
         choice => Some(approved(choice).ok_or_else(|| PageError::bad_form("choose approve or reject"))?),
     };
-    let decisions = approval
-        .requests
+    let open = open_requests(approval, actor);
+    let decisions: Vec<Decision> = open
         .iter()
-        .map(|r| {
-            let approved =
-                all.or_else(|| approved(form.get(&choice_field(r.interruption_id.as_str())))).ok_or_else(|| {
-                    PageError::bad_form(format!(
-                        "choose approve or reject for {}; nothing was changed",
-                        r.interruption_id
-                    ))
-                })?;
-            Ok(Decision { interruption_id: r.interruption_id.clone(), approved, reason: reason.clone() })
+        .filter_map(|r| {
+            let approved = all.or_else(|| approved(form.get(&choice_field(r.interruption_id.as_str()))))?;
+            Some(Decision { interruption_id: r.interruption_id.clone(), approved, reason: reason.clone() })
         })
-        .collect::<Result<Vec<_>, PageError>>()?;
+        .collect();
+    if decisions.is_empty() {
+        return Err(PageError::bad_form("choose approve or reject for at least one request; nothing was changed"));
+    }
     Ok(DecisionBatch { decisions, actor: actor.to_owned() })
 }
 
@@ -159,14 +170,34 @@ mod tests {
     }
 
     #[test]
-    fn choices_per_request_must_all_be_made() {
+    fn choices_decide_the_requests_chosen_and_leave_the_others_open() {
         let a = approval(&["interrupt-1", "interrupt-2"]);
+        let none = [("round", "2"), ("choice", "each")];
+        assert_eq!(parse(&form(&none), &a, "ann").unwrap_err().code(), "BAD_FORM");
         let each = [("round", "2"), ("choice", "each"), ("decision:interrupt-1", "approve")];
-        assert_eq!(parse(&form(&each), &a, "ann").unwrap_err().code(), "BAD_FORM");
+        let one = parse(&form(&each), &a, "ann").unwrap();
+        assert_eq!(one.decisions.iter().map(|d| d.interruption_id.as_str()).collect::<Vec<_>>(), ["interrupt-1"]);
         let mut both = each.to_vec();
         both.push(("decision:interrupt-2", "reject"));
         let batch = parse(&form(&both), &a, "ann").unwrap();
         assert_eq!(batch.decisions.iter().map(|d| d.approved).collect::<Vec<_>>(), [true, false]);
+    }
+
+    #[test]
+    fn a_request_decided_already_is_left_out() {
+        let mut a = approval(&["interrupt-1", "interrupt-2"]);
+        let progress = |id: &str, by: &[&str]| crate::automation::RequestProgress {
+            interruption_id: id.into(),
+            quorum: 2,
+            approved_by: by.iter().map(|a| (*a).to_owned()).collect(),
+            rejected_by: None,
+            reason: None,
+        };
+        a.progress = vec![progress("interrupt-1", &["ann"]), progress("interrupt-2", &["bob"])];
+        let batch = parse(&form(&[("round", "2"), ("choice", "approve")]), &a, "ann").unwrap();
+        assert_eq!(batch.decisions.iter().map(|d| d.interruption_id.as_str()).collect::<Vec<_>>(), ["interrupt-2"]);
+        let html = render(&a, "ann", "tok").into_string();
+        assert!(!html.contains("decision:interrupt-1"), "{html}");
     }
 
     #[test]
@@ -180,11 +211,11 @@ mod tests {
 
     #[test]
     fn the_form_posts_the_round_and_token() {
-        let one = render(&approval(&["interrupt-1"]), "tok").into_string();
+        let one = render(&approval(&["interrupt-1"]), "ann", "tok").into_string();
         assert!(one.contains("action=\"/automations/run_ab12/decide\""), "{one}");
         assert!(one.contains("name=\"csrf\" value=\"tok\"") && one.contains("name=\"round\" value=\"2\""), "{one}");
         assert!(!one.contains("radio") && one.contains(">Approve</button>"), "{one}");
-        let two = render(&approval(&["interrupt-1", "interrupt-2"]), "tok").into_string();
+        let two = render(&approval(&["interrupt-1", "interrupt-2"]), "ann", "tok").into_string();
         assert!(two.contains("name=\"decision:interrupt-2\" value=\"reject\"") && two.contains("Approve all"), "{two}");
     }
 }

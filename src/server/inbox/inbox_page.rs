@@ -13,7 +13,7 @@ use crate::server::auth::Role;
 pub const NOT_AN_APPROVER: &str = "Your API key does not have the approver role: you can see what waits for a decision, but only an approver can decide.";
 
 /// One pending approval: its automation, round, time and requests, and the form if `csrf` is given.
-pub fn approval(approval: &PendingApproval, csrf: Option<&str>) -> Html {
+pub fn approval(approval: &PendingApproval, decider: Option<(&str, &str)>) -> Html {
     let id = approval.automation_id.as_str();
     let mut out = Html::new();
     html!(
@@ -29,8 +29,8 @@ pub fn approval(approval: &PendingApproval, csrf: Option<&str>) -> Html {
     for r in &approval.requests {
         html!(out, "{}", request::render(r));
     }
-    if let Some(csrf) = csrf {
-        html!(out, "{}", decision_form::render(approval, csrf));
+    if let Some((actor, csrf)) = decider {
+        html!(out, "{}", decision_form::render(approval, actor, csrf));
     }
     html!(out, "</article>\n");
     out
@@ -48,7 +48,7 @@ pub fn render(viewer: Viewer<'_>, approvals: &[PendingApproval]) -> Html {
         html!(main, "<p class=\"empty\">Nothing waits for a decision.</p>\n");
     }
     for a in approvals {
-        html!(main, "{}", approval(a, approver.then_some(viewer.csrf)));
+        html!(main, "{}", approval(a, approver.then_some((viewer.caller.actor.as_str(), viewer.csrf))));
     }
     layout::page("Inbox", Some(viewer), main)
 }
