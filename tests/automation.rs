@@ -15,6 +15,7 @@ const WAIT: Duration = Duration::from_secs(20);
 struct Service {
     automations: Automations,
     orders: OrderBook,
+    db: AppDb,
 }
 
 fn db_url(dir: &std::path::Path) -> String {
@@ -27,12 +28,12 @@ async fn service(dir: &std::path::Path) -> Service {
     let orders = OrderBook::new(db.clone());
     orders.seed_demo().await.unwrap();
     let host = orders.clone();
-    let automations = Automations::builder(store, db, SECRET)
+    let automations = Automations::builder(store, db.clone(), SECRET)
         .host(move |tenant| host.host_functions(tenant))
         .engine(|e| e.workers(4))
         .build()
         .unwrap();
-    Service { automations, orders }
+    Service { automations, orders, db }
 }
 
 fn temp_dir() -> std::path::PathBuf {
@@ -328,8 +329,8 @@ async fn a_call_that_asks_twice_is_decided_in_each_round_under_the_same_id() {
             .build()
             .unwrap()
     };
-    let automations = Automations::builder(db.store(), db, SECRET).host(host).build().unwrap();
-    let s = Service { automations, orders: OrderBook::new(AppDb::open(&db_url(&dir)).await.unwrap()) };
+    let automations = Automations::builder(db.store(), db.clone(), SECRET).host(host).build().unwrap();
+    let s = Service { automations, orders: OrderBook::new(db.clone()), db };
     let id = submit(&s, "return await stage.approve()").await;
     let first = settled(&s, &id).await;
     assert_eq!(s.automations.decide("acme", &id, decide_all(&first, true), &["approver"]).await, Ok(1));
@@ -352,5 +353,23 @@ async fn a_call_that_asks_twice_is_decided_in_each_round_under_the_same_id() {
         s.automations.decide("acme", &id, decide_all(&second, true), &["approver"]).await,
         Err(AutomationError::AlreadyDecided)
     );
+    let _ = std::fs::remove_dir_all(dir);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn automations_that_waited_before_the_approval_index_are_listed_once_indexed() {
+    let dir = temp_dir();
+    let s = service(&dir).await;
+    let id = submit(&s, REFUND).await;
+    settled(&s, &id).await;
+    assert_eq!(s.automations.pending_approvals("acme", 10).await.unwrap().len(), 1);
+    // A database made before the index: the waiting automation has no row.
+    s.db.execute("DELETE FROM approval_index", Vec::new()).await.unwrap();
+    assert!(s.automations.pending_approvals("acme", 10).await.unwrap().is_empty());
+    assert_eq!(s.automations.index_waiting().await.unwrap(), 1);
+    let listed = s.automations.pending_approvals("acme", 10).await.unwrap();
+    assert_eq!(listed.iter().map(|a| a.automation_id.clone()).collect::<Vec<_>>(), [id.clone()]);
+    assert_eq!(s.automations.index_waiting().await.unwrap(), 1, "indexing again adds nothing new");
+    assert_eq!(s.automations.pending_approvals("acme", 10).await.unwrap().len(), 1);
     let _ = std::fs::remove_dir_all(dir);
 }

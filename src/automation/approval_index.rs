@@ -4,6 +4,9 @@
 //! A round that asks for approval adds its row inside its own step (idempotently, so a retried
 //! step adds nothing twice); the next round of the same automation removes it. An automation
 //! cancelled while it waits leaves its row, and the list drops it the first time it reads it.
+//! The server also adds every waiting automation when it starts
+//! ([`Automations::index_waiting`](super::Automations::index_waiting)), which lists those that
+//! waited before the table existed.
 
 use crate::db::{AppDb, DbError, now_ms};
 

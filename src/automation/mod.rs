@@ -319,6 +319,32 @@ impl Automations {
         Ok(approvals)
     }
 
+    /// Adds every automation that waits for a decision to the approval index (those of a
+    /// database made before the index were never added; the others are there already, and stay
+    /// as they are). Reads the waiting automations once; returns how many wait.
+    pub async fn index_waiting(&self) -> Result<usize, AutomationError> {
+        let internal = |e: crate::db::DbError| AutomationError::Internal(e.to_string());
+        let mut filter = resumable_workflow::RunFilter::default()
+            .workflow(WORKFLOW)
+            .status(RunStatus::Waiting)
+            .limit(resumable_workflow::RunFilter::MAX_LIMIT);
+        let mut added = 0;
+        loop {
+            let page = self.engine.list_runs(&filter).await?;
+            for run in &page.runs {
+                let Some(tenant) = run.input.get("tenant").and_then(Value::as_str) else { continue };
+                if let Some(pending) = self.get(tenant, &run.id).await?.pending {
+                    self.approvals.add(tenant, run.id.as_str(), pending.round).await.map_err(internal)?;
+                    added += 1;
+                }
+            }
+            match page.next_cursor {
+                Some(cursor) => filter.cursor = Some(cursor),
+                None => return Ok(added),
+            }
+        }
+    }
+
     /// Delivers a decision batch for the open round of automation `id`, after checking that the
     /// hook's metadata names `tenant` and this automation, and that the batch decides some of
     /// the round's pending requests, each at most once (see [`RoundProgress`]).

@@ -217,6 +217,14 @@ pub async fn serve(
     )
     .await?;
     let demo = config.demo.then(|| DemoApp::new(service.orders.clone(), &secret));
+    let automations = service.automations.clone();
+    tokio::spawn(async move {
+        match automations.index_waiting().await {
+            Ok(0) => {}
+            Ok(waiting) => tracing::info!(waiting, "the approval index lists every automation that waits"),
+            Err(e) => tracing::warn!(error = %e, "cannot list the automations that waited before the approval index"),
+        }
+    });
     tracing::info!(listen = %local, keys = keys.len(), demo = config.demo, "serving the approval API");
     // Scripts and tests read this line to find the port.
     println!("listening on http://{local}");
