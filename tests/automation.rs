@@ -368,7 +368,7 @@ async fn automations_that_waited_before_the_approval_index_are_listed_once_index
     assert!(s.automations.pending_approvals("acme", 10).await.unwrap().is_empty());
     assert_eq!(s.automations.index_waiting().await.unwrap(), 1);
     let listed = s.automations.pending_approvals("acme", 10).await.unwrap();
-    assert_eq!(listed.iter().map(|a| a.automation_id.clone()).collect::<Vec<_>>(), [id.clone()]);
+    assert_eq!(listed.iter().map(|a| &a.automation_id).collect::<Vec<_>>(), [&id]);
     assert_eq!(s.automations.index_waiting().await.unwrap(), 1, "indexing again adds nothing new");
     assert_eq!(s.automations.pending_approvals("acme", 10).await.unwrap().len(), 1);
     let _ = std::fs::remove_dir_all(dir);
