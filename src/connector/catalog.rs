@@ -47,7 +47,7 @@ pub fn typescript<'a>(functions: impl IntoIterator<Item = (&'a FunctionName, &'a
             Approval::Always => "Waits for approval.".to_owned(),
             Approval::When(expression) => format!("Waits for approval when `{}`.", expression.replace("*/", "* /")),
         };
-        let summary = config.summary.as_deref().map(|s| format!("{} ", s.replace("*/", "* /"))).unwrap_or_default();
+        let summary = config.summary.as_deref().map(|s| format!("{}. ", s.replace("*/", "* /"))).unwrap_or_default();
         namespaces
             .entry(namespace)
             .or_default()
