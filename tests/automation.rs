@@ -373,3 +373,17 @@ async fn automations_that_waited_before_the_approval_index_are_listed_once_index
     assert_eq!(s.automations.pending_approvals("acme", 10).await.unwrap().len(), 1);
     let _ = std::fs::remove_dir_all(dir);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_waiting_automations_continuation_does_not_expire_before_its_request() {
+    let dir = temp_dir();
+    let s = service(&dir).await;
+    let id = submit(&s, REFUND).await;
+    settled(&s, &id).await;
+    let row = s.db.fetch_one("SELECT MIN(expires_at) AS expires_at FROM continuations", Vec::new()).await.unwrap();
+    let expires_at: i64 = row.get("expires_at").unwrap();
+    let in_ten_years = std::time::SystemTime::now() + Duration::from_secs(10 * 365 * 24 * 3600);
+    let in_ten_years = i64::try_from(in_ten_years.duration_since(std::time::UNIX_EPOCH).unwrap().as_millis()).unwrap();
+    assert!(expires_at > in_ten_years, "the continuation of a request that may wait for ever expires at {expires_at}");
+    let _ = std::fs::remove_dir_all(dir);
+}

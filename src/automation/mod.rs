@@ -46,6 +46,10 @@ use round::{Refusal, RoundProgress};
 use view::EventLog;
 use workflow::{Deps, run_automation};
 
+/// How long an automation's stored continuation stays resumable: as long as its request may
+/// wait, which is for ever (about a century, as a time the database can hold).
+pub const CONTINUATION_LIFETIME: std::time::Duration = std::time::Duration::from_secs(100 * 365 * 24 * 3600);
+
 /// The default policy version bound into continuations.
 pub const DEFAULT_POLICY_VERSION: &str = "1";
 
@@ -128,7 +132,8 @@ impl AutomationsBuilder {
         };
         let continuations = SqlContinuationStore::new(self.db.clone());
         let approvals = ApprovalIndex::new(self.db.clone());
-        let codec = StoredCodec::new(Arc::new(continuations.clone()));
+        // A request may wait for ever, so its continuation must not expire before it does.
+        let codec = StoredCodec::new(Arc::new(continuations.clone())).ttl(CONTINUATION_LIFETIME);
         let runner = Runner::new(self.runner.workers(self.concurrency).codec(codec))
             .map_err(|e| AutomationError::Config(e.to_string()))?;
         let tokens = HookTokens::new(&self.secret);
