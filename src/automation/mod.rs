@@ -288,28 +288,21 @@ impl Automations {
     /// The pending approvals of `tenant`, oldest first (at most `limit`), read from the tenant's
     /// rows of the approval index; a row whose automation no longer waits is dropped.
     pub async fn pending_approvals(&self, tenant: &str, limit: usize) -> Result<Vec<PendingApproval>, AutomationError> {
+        let internal = |e: crate::db::DbError| AutomationError::Internal(e.to_string());
         let mut approvals = Vec::new();
-        let mut offset = 0;
-        let page = limit.clamp(1, 200);
+        // An automation may have two rows for a moment (a round's and a stale one): each once.
+        let mut seen = std::collections::BTreeSet::new();
+        let mut ended = Vec::new();
+        let (mut offset, page) = (0, limit.clamp(1, 200));
         loop {
-            let ids = self
-                .approvals
-                .waiting(tenant, page, offset)
-                .await
-                .map_err(|e| AutomationError::Internal(e.to_string()))?;
+            let ids = self.approvals.waiting(tenant, page, offset).await.map_err(internal)?;
             offset += ids.len();
-            for id in &ids {
+            for id in ids.iter().filter(|id| seen.insert((*id).clone())) {
                 let id = RunId::from(id.clone());
                 match self.get(tenant, &id).await {
                     Ok(view) if view.pending.is_some() => approvals.extend(view.pending),
-                    // Ended while it waited (cancelled, say): the round's row stays behind.
-                    Ok(view) if view.status.is_terminal() => {
-                        self.approvals
-                            .remove(id.as_str())
-                            .await
-                            .map_err(|e| AutomationError::Internal(e.to_string()))?;
-                        offset -= 1;
-                    }
+                    // Ended while it waited (cancelled, say): its rows stay behind until now.
+                    Ok(view) if view.status.is_terminal() => ended.push(id),
                     // Decided and moving on, or not suspended yet: not pending right now.
                     Ok(_) | Err(AutomationError::NotFound | AutomationError::WrongTenant) => {}
                     Err(e) => return Err(e),
@@ -318,6 +311,9 @@ impl Automations {
             if ids.len() < page || approvals.len() >= limit {
                 break;
             }
+        }
+        for id in ended {
+            self.approvals.remove(id.as_str()).await.map_err(internal)?;
         }
         approvals.sort_by_key(|a| a.requested_at);
         approvals.truncate(limit);

@@ -2,7 +2,7 @@
 //! holds a secret in clear.
 
 use std::io::Read as _;
-use std::os::unix::fs::PermissionsExt as _;
+use std::os::unix::fs::{MetadataExt as _, PermissionsExt as _};
 use std::path::Path;
 
 use super::ConfigError;
@@ -12,8 +12,11 @@ use super::ConfigError;
 pub(super) fn read_guarded(path: &Path) -> Result<(String, u32), ConfigError> {
     let read = |source| ConfigError::Read { path: path.into(), source };
     let mut file = std::fs::File::open(path).map_err(read)?;
-    let mode = file.metadata().map_err(read)?.permissions().mode() & 0o777;
-    if mode & 0o022 != 0 {
+    let metadata = file.metadata().map_err(read)?;
+    let mode = metadata.permissions().mode() & 0o777;
+    // SAFETY: geteuid(2) has no preconditions and touches no memory of ours.
+    let me = unsafe { libc::geteuid() };
+    if mode & 0o022 != 0 || (metadata.uid() != me && metadata.uid() != 0) {
         return Err(ConfigError::Writable { path: path.into(), mode });
     }
     let mut text = String::new();

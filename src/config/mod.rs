@@ -86,9 +86,11 @@ pub enum ConfigError {
         /// What is wrong, and where.
         message: String,
     },
-    /// Users other than its owner may change the file (and with it who may approve what).
+    /// Users other than its owner may change the file (and with it who may approve what), or its
+    /// owner is neither this user nor root.
     #[error(
-        "{path} may be changed by other users (mode {mode:03o}): run `chmod go-w {path}`",
+        "{path} may be changed by other users (mode {mode:03o}, or owned by another user): run `chmod go-w {path}` \
+         and keep it owned by the server's user or root",
         path = .path.display()
     )]
     Writable {
@@ -155,8 +157,12 @@ impl ServeConfig {
 
     /// Whether a key, a connector secret or a database password is written in the file itself.
     fn holds_clear_secrets(&self) -> bool {
-        let database = self.file.database.as_deref().and_then(|url| reqwest::Url::parse(url).ok());
-        database.is_some_and(|url| url.password().is_some())
+        // A URL that does not parse, or names a password anywhere, counts as a secret.
+        let database_secret = self.file.database.as_deref().is_some_and(|url| match reqwest::Url::parse(url) {
+            Ok(url) => url.password().is_some() || url.query().is_some_and(|q| q.contains("password")),
+            Err(_) => true,
+        });
+        database_secret
             || self.file.keys.iter().any(|k| k.get_ref().key.is_some())
             || self.file.functions.values().any(|f| f.get_ref().secret.is_some())
     }
@@ -167,22 +173,33 @@ impl ServeConfig {
     }
 }
 
-/// A parse error as `line L, column C: key: what was expected`. The parser's own rendering quotes
-/// the offending line, which may hold a secret, so only the key (the text before `=` on that
-/// line) is repeated.
+/// A parse error as `line L, column C: key: what was expected`. It never repeats a value: the
+/// parser's own rendering quotes the offending line and its message may quote the value, either
+/// of which may be a secret, so the value's text is cut out of the message, and the key (the
+/// text before `=`) is named only when the value starts on its line.
 fn parse_error(text: &str, e: &toml::de::Error) -> String {
-    let Some(span) = e.span() else { return e.message().to_owned() };
-    let start = span.start.min(text.len());
+    let Some(span) = e.span() else { return "invalid TOML".to_owned() };
+    let (start, end) = (span.start.min(text.len()), span.end.min(text.len()));
     let line_start = text[..start].rfind('\n').map_or(0, |at| at + 1);
     let column = text[line_start..start].chars().count() + 1;
-    let source_line = text[line_start..].lines().next().unwrap_or_default().trim();
-    let key = match source_line.split_once('=') {
+    let source_line = text[line_start..].lines().next().unwrap_or_default();
+    let before_value = &text[line_start..start];
+    let key = match before_value.split_once('=') {
         Some((key, _)) => key.trim(),
         // A table header (`[functions."x"]`) holds no value.
-        None if source_line.starts_with('[') => source_line,
+        None if source_line.trim_start().starts_with('[') => source_line.trim(),
         None => "",
     };
-    format!("line {}, column {column}: {key}: {}", line_of(text, start), e.message())
+    // The span is a key (`listne = 1`, named by the message) or a value, whose text is cut out.
+    let rest_of_line = text[end..].lines().next().unwrap_or_default();
+    let span_is_key = rest_of_line.trim_start().trim_start_matches(['"', '\'']).trim_start().starts_with('=');
+    let mut message = e.message().to_owned();
+    let value = text.get(start..end).unwrap_or_default().trim().trim_matches(['"', '\'']);
+    if !value.is_empty() && !span_is_key && !key.starts_with('[') {
+        message = message.replace(value, "…");
+    }
+    let at = format!("line {}, column {column}", line_of(text, start));
+    if key.is_empty() { format!("{at}: {message}") } else { format!("{at}: {key}: {message}") }
 }
 
 /// The line (from 1) of byte `offset` in `text`.

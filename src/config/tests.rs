@@ -180,4 +180,17 @@ fn errors_never_repeat_a_secret() {
     let inline_key = "keys = [{ key = \"verysecretkey123\", actor = \"a\", tenant = \"t\", roles = [\"bad role\"] }]\n";
     let error = ServeConfig::parse(inline_key).unwrap_err();
     assert!(!error.contains("verysecretkey123") && error.contains("keys"), "{error}");
+    // A key given where a table was expected: the message would quote it.
+    let error = ServeConfig::parse("keys = [\"mysecretkey123\"]\n").unwrap_err();
+    assert!(!error.contains("mysecretkey123") && error.contains("keys"), "{error}");
+    let error =
+        ServeConfig::parse("[[keys]]\nkey = 12345678\nactor = \"a\"\ntenant = \"t\"\nroles = [\"r\"]\n").unwrap_err();
+    assert!(!error.contains("12345678") && error.contains("line 2"), "{error}");
+    // A secret on a continuation line of a multi-line string names no key from that line.
+    let error = ServeConfig::parse("[functions.\"a.b\"]\nurl = \"http://x\"\nsecret = \"\"\"\nwhsec_ab\\q=\n\"\"\"\n")
+        .unwrap_err();
+    assert!(!error.contains("whsec_ab"), "{error}");
+    // A URL with credentials is not repeated.
+    let error = ServeConfig::parse("[functions.\"a.b\"]\nurl = \"ftp://u:hunter2@h\"\n").unwrap_err();
+    assert!(!error.contains("hunter2"), "{error}");
 }

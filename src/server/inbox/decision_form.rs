@@ -40,6 +40,13 @@ pub fn render(approval: &PendingApproval, actor: &str, csrf: &str) -> Html {
     let open = open_requests(approval, actor);
     let several = open.len() > 1;
     let mut out = Html::new();
+    if open.is_empty() {
+        html!(
+            out,
+            "<p class=\"notice\" role=\"status\">You have decided what you may here; the round waits for others.</p>\n"
+        );
+        return out;
+    }
     html!(
         out,
         "<form method=\"post\" action=\"/automations/{}/decide\" class=\"decide\">\n\
@@ -198,6 +205,9 @@ mod tests {
         assert_eq!(batch.decisions.iter().map(|d| d.interruption_id.as_str()).collect::<Vec<_>>(), ["interrupt-2"]);
         let html = render(&a, "ann", "tok").into_string();
         assert!(!html.contains("decision:interrupt-1"), "{html}");
+        a.progress = vec![progress("interrupt-1", &["ann"]), progress("interrupt-2", &["ann"])];
+        let html = render(&a, "ann", "tok").into_string();
+        assert!(html.contains("waits for others") && !html.contains("<form"), "nothing left to decide: {html}");
     }
 
     #[test]
