@@ -446,28 +446,33 @@ impl Automations {
             let of_hook = |e: &&resumable_workflow::Event| e.payload["position"].as_u64() == Some(position);
             events.iter().filter(|e| e.kind == EventKind::HookReceived).filter(of_hook).count() as u64
         };
-        // Per interruption id, the progress of the latest round that asked for it.
-        let mut latest: std::collections::BTreeMap<InterruptionId, RoundProgress> = std::collections::BTreeMap::new();
-        for event in events.iter().filter(|e| e.kind == EventKind::HookCreated) {
-            let Some(position) = event.payload["position"].as_u64() else { continue };
-            let Some(HookMetadata { automation, pending, .. }) = HookMetadata::of(&event.payload["metadata"]) else {
-                continue;
+        // The rounds that asked, oldest first: their hook's position and requests.
+        let rounds: Vec<(u32, Vec<PendingRequest>)> = events
+            .iter()
+            .filter(|e| e.kind == EventKind::HookCreated)
+            .filter_map(|e| {
+                let position = u32::try_from(e.payload["position"].as_u64()?).ok()?;
+                let metadata = HookMetadata::of(&e.payload["metadata"])?;
+                (metadata.automation == id.as_str()).then_some((position, metadata.pending))
+            })
+            .collect();
+        // The payloads of a round are read only if the batch names one of its requests.
+        let mut progress_of: std::collections::BTreeMap<u32, RoundProgress> = std::collections::BTreeMap::new();
+        for d in &batch.decisions {
+            let asked = |(_, pending): &&(u32, Vec<PendingRequest>)| {
+                pending.iter().any(|r| r.interruption_id == d.interruption_id)
             };
-            if automation != id.as_str() {
-                continue;
+            let Some((position, pending)) = rounds.iter().rev().find(asked) else { return Ok(false) };
+            if !progress_of.contains_key(position) {
+                let payloads = self.engine.hook_payloads(id, *position, received(u64::from(*position))).await?;
+                progress_of.insert(*position, RoundProgress::replay(pending, &payloads));
             }
-            let position32 = u32::try_from(position).unwrap_or(u32::MAX);
-            let payloads = self.engine.hook_payloads(id, position32, received(position)).await?;
-            let progress = RoundProgress::replay(&pending, &payloads);
-            for request in &pending {
-                latest.insert(request.interruption_id.clone(), progress.clone());
+            let progress = &progress_of[position];
+            if !progress.decides(&d.interruption_id) && !progress.decided_by(&d.interruption_id, &batch.actor) {
+                return Ok(false);
             }
         }
-        Ok(batch.decisions.iter().all(|d| {
-            latest.get(&d.interruption_id).is_some_and(|progress| {
-                progress.decides(&d.interruption_id) || progress.decided_by(&d.interruption_id, &batch.actor)
-            })
-        }))
+        Ok(true)
     }
 
     /// Cancels automation `id` of `tenant`; returns its status afterwards.

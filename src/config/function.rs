@@ -7,6 +7,7 @@ use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use super::summary::placeholders_in;
 use super::values::{Endpoint, Seconds, WebhookSecret};
 
 /// Namespaces the server defines itself (`orders` is its compiled-in order system); a
@@ -220,9 +221,4 @@ impl FunctionConfig {
         }
         Ok(secret)
     }
-}
-
-/// The `{name}` placeholders of a summary template.
-pub fn placeholders_in(template: &str) -> impl Iterator<Item = &str> {
-    template.split('{').skip(1).filter_map(|rest| rest.split_once('}').map(|(name, _)| name))
 }

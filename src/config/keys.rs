@@ -28,13 +28,11 @@ impl KeyConfig {
     /// The entry with its key resolved to a digest.
     pub(super) fn resolve(&self) -> Result<ApiKeyEntry, String> {
         let digest = match (&self.key, &self.key_env, &self.key_sha256) {
-            (Some(key), None, None) => {
-                ApiKeyEntry::digest_of(key).map_err(|_| "key: at least 8 characters".to_owned())?
-            }
+            (Some(key), None, None) => ApiKeyEntry::digest_of(key).ok_or("key: at least 8 characters")?,
             (None, Some(name), None) => {
                 let key =
                     std::env::var(name).map_err(|_| format!("key_env: the environment variable {name} is not set"))?;
-                ApiKeyEntry::digest_of(&key).map_err(|_| format!("key_env {name}: at least 8 characters"))?
+                ApiKeyEntry::digest_of(&key).ok_or_else(|| format!("key_env {name}: at least 8 characters"))?
             }
             (None, None, Some(hex)) => parse_digest(hex).ok_or("key_sha256: expected 64 hexadecimal digits")?,
             _ => return Err("give exactly one of key, key_env and key_sha256".to_owned()),
@@ -51,12 +49,5 @@ impl KeyConfig {
 
 /// 64 hex digits as 32 bytes.
 fn parse_digest(hex: &str) -> Option<[u8; 32]> {
-    if hex.len() != 64 || !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
-        return None;
-    }
-    let mut digest = [0u8; 32];
-    for (i, byte) in digest.iter_mut().enumerate() {
-        *byte = u8::from_str_radix(&hex[2 * i..2 * i + 2], 16).ok()?;
-    }
-    Some(digest)
+    hex_simd::decode_to_vec(hex).ok()?.try_into().ok()
 }

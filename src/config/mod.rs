@@ -24,17 +24,18 @@
 mod file_mode;
 mod function;
 mod keys;
+mod summary;
 mod values;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use serde::Deserialize;
 
-pub use function::{Approval, FunctionConfig, FunctionName, ParamConfig, ParamType, placeholders_in};
+pub use function::{Approval, FunctionConfig, FunctionName, ParamConfig, ParamType};
 pub use keys::KeyConfig;
+pub use summary::{placeholders_in, render_summary};
 pub use values::{Endpoint, Seconds, WebhookSecret};
 
 use crate::server::ApiKeys;
@@ -165,11 +166,6 @@ impl ServeConfig {
         database_secret
             || self.file.keys.iter().any(|k| k.get_ref().key.is_some())
             || self.file.functions.values().any(|f| f.get_ref().secret.is_some())
-    }
-
-    /// The lease, when the file sets one.
-    pub fn lease(&self) -> Option<Duration> {
-        self.file.lease.map(|s| s.0)
     }
 }
 

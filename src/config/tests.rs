@@ -1,4 +1,5 @@
 use super::*;
+use std::time::Duration;
 
 /// The acceptance sample of the configuration file.
 pub(crate) const SAMPLE: &str = r#"

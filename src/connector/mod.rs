@@ -21,7 +21,7 @@ use serde_json::{Map, Value, json};
 pub use policy::Predicates;
 pub use signature::{TOLERANCE_SECS, sign, verify};
 
-use crate::config::{Approval, FunctionConfig, FunctionName};
+use crate::config::{Approval, FunctionConfig, FunctionName, render_summary};
 use request::Sender;
 
 /// The interrupt payload's `kind` for a connector's approval request.
@@ -124,11 +124,6 @@ impl Connectors {
 
     fn snapshot(&self) -> Arc<ConnectorSet> {
         Arc::clone(&self.current.read().unwrap_or_else(|e| e.into_inner()))
-    }
-
-    /// The configuration of function `name`, if it is a connector.
-    pub fn config(&self, name: &str) -> Option<FunctionConfig> {
-        self.snapshot().functions.iter().find(|c| c.name.as_str() == name).map(|c| c.config.clone())
     }
 
     /// The functions `tenant` may call (every function for `None`), described as JSON.
@@ -300,45 +295,5 @@ impl Connector {
             "fourEyes": self.config.four_eyes,
             "quorum": self.config.quorum.map_or(1, std::num::NonZeroU32::get),
         })
-    }
-}
-
-/// `template` with each `{param}` replaced by the argument (strings without their quotes), in
-/// one pass: an argument's own text is never read as a placeholder.
-fn render_summary(template: &str, arguments: &Value) -> String {
-    let mut out = String::with_capacity(template.len());
-    let mut rest = template;
-    while let Some(open) = rest.find('{') {
-        out.push_str(&rest[..open]);
-        let after = &rest[open + 1..];
-        match after.find('}') {
-            Some(close) => {
-                match &arguments[&after[..close]] {
-                    Value::String(s) => out.push_str(s),
-                    Value::Null => out.push_str(&rest[open..open + close + 2]),
-                    other => out.push_str(&other.to_string()),
-                }
-                rest = &after[close + 1..];
-            }
-            None => {
-                out.push_str(&rest[open..]);
-                rest = "";
-            }
-        }
-    }
-    out.push_str(rest);
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_summary_names_the_arguments() {
-        let arguments = json!({ "order_id": "A-1", "amount": 1500 });
-        assert_eq!(render_summary("Refund {amount} on order {order_id}", &arguments), "Refund 1500 on order A-1");
-        let sneaky = json!({ "order_id": "{amount}", "amount": 1 });
-        assert_eq!(render_summary("{order_id}: {amount}", &sneaky), "{amount}: 1", "an argument is not a template");
     }
 }

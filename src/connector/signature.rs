@@ -4,15 +4,18 @@ use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
 use sha2::Sha256;
 
+/// The HMAC of `id.timestamp.body` under `secret`, not finalized.
+fn mac(secret: &[u8], id: &str, timestamp: u64, body: &[u8]) -> Hmac<Sha256> {
+    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
+    mac.update(format!("{id}.{timestamp}.").as_bytes());
+    mac.update(body);
+    mac
+}
+
 /// The `webhook-signature` header value for a message.
 pub fn sign(secret: &[u8], id: &str, timestamp: u64, body: &[u8]) -> String {
-    let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
-    mac.update(id.as_bytes());
-    mac.update(b".");
-    mac.update(timestamp.to_string().as_bytes());
-    mac.update(b".");
-    mac.update(body);
-    format!("v1,{}", base64::engine::general_purpose::STANDARD.encode(mac.finalize().into_bytes()))
+    let signature = mac(secret, id, timestamp, body).finalize().into_bytes();
+    format!("v1,{}", base64::engine::general_purpose::STANDARD.encode(signature))
 }
 
 /// How far a signed message's timestamp may be from now, in seconds, either way.
@@ -28,10 +31,7 @@ pub fn verify(secret: &[u8], id: &str, timestamp: &str, body: &[u8], signature: 
     }
     signature.split(' ').filter_map(|s| s.strip_prefix("v1,")).any(|encoded| {
         let Ok(expected) = base64::engine::general_purpose::STANDARD.decode(encoded) else { return false };
-        let mut mac = Hmac::<Sha256>::new_from_slice(secret).expect("HMAC takes a key of any length");
-        mac.update(format!("{id}.{time}.").as_bytes());
-        mac.update(body);
-        mac.verify_slice(&expected).is_ok()
+        mac(secret, id, time, body).verify_slice(&expected).is_ok()
     })
 }
 

@@ -80,12 +80,9 @@ pub struct ApiKeyEntry {
 }
 
 impl ApiKeyEntry {
-    /// The digest of `key`, refusing keys shorter than 8 characters.
-    pub fn digest_of(key: &str) -> Result<[u8; 32], KeysError> {
-        if key.chars().count() < 8 {
-            return Err(KeysError::TooShort(0));
-        }
-        Ok(digest(key))
+    /// The digest of `key`, or `None` for a key shorter than 8 characters.
+    pub fn digest_of(key: &str) -> Option<[u8; 32]> {
+        (key.chars().count() >= 8).then(|| digest(key))
     }
 }
 
@@ -141,7 +138,7 @@ pub enum KeysError {
     /// The keys are not JSON of the expected shape.
     #[error("invalid API keys: {0}")]
     Json(#[source] serde_json::Error),
-    /// A key (counted from 1; 0 when it has no place in a list) is shorter than 8 characters.
+    /// A key (counted from 1) is shorter than 8 characters.
     #[error("API key #{0} is shorter than 8 characters")]
     TooShort(usize),
     /// A key (counted from 1) has no role.
@@ -176,7 +173,7 @@ impl ApiKeys {
     pub fn new(config: ApiKeysConfig) -> Result<ApiKeys, KeysError> {
         let mut entries = Vec::with_capacity(config.keys.len());
         for (i, k) in config.keys.into_iter().enumerate() {
-            let digest = ApiKeyEntry::digest_of(&k.key).map_err(|_| KeysError::TooShort(i + 1))?;
+            let digest = ApiKeyEntry::digest_of(&k.key).ok_or(KeysError::TooShort(i + 1))?;
             entries.push(ApiKeyEntry { digest, actor: k.actor, tenant: k.tenant, roles: k.roles });
         }
         ApiKeys::from_entries(entries)

@@ -36,7 +36,7 @@ pub use start_error::ServerError;
 pub use throttle::AuthThrottle;
 
 use crate::automation::Automations;
-use crate::config::ServeConfig;
+use crate::config::{FunctionName, ServeConfig};
 use crate::connector::{Connectors, FunctionSpec};
 use crate::db::AppDb;
 use crate::orders::OrderBook;
@@ -200,8 +200,7 @@ pub async fn serve(
     let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(listen)?;
     let local = listener.local_addr().map_err(listen)?;
     let demo_functions = if config.demo { DemoApp::functions(&secret, local) } else { Vec::new() };
-    if let Some((name, _, _)) = demo_functions.iter().find(|(d, _, _)| config.functions.iter().any(|(n, _, _)| n == d))
-    {
+    if let Some(name) = defined_twice(&config.functions, &demo_functions) {
         return Err(ServerError::DemoFunction(name.to_string()));
     }
     let functions = config.functions.into_iter().chain(demo_functions.clone()).collect();
@@ -287,6 +286,11 @@ async fn check_workers(runner: &RunnerConfig) -> Result<(), ServerError> {
     Ok(())
 }
 
+/// A function of `file` that `fixed` (the demo's) defines too.
+fn defined_twice<'a>(file: &[FunctionSpec], fixed: &'a [FunctionSpec]) -> Option<&'a FunctionName> {
+    fixed.iter().map(|(name, _, _)| name).find(|name| file.iter().any(|(n, _, _)| n == *name))
+}
+
 /// What a SIGHUP reloads, and what stays.
 struct Reload {
     /// The configuration file, if the server has one.
@@ -326,11 +330,11 @@ impl Reload {
 
     fn apply(&self, path: &std::path::Path) -> Result<usize, String> {
         let config = ServeConfig::load(path).map_err(|e| e.to_string())?;
-        let fixed = self.fixed_functions.iter();
-        if let Some((name, _, _)) = fixed.clone().find(|(f, _, _)| config.functions.iter().any(|(n, _, _)| n == f)) {
+        if let Some(name) = defined_twice(&config.functions, &self.fixed_functions) {
             return Err(format!("the file defines {name}, which --demo defines too"));
         }
-        let functions: Vec<FunctionSpec> = config.functions.into_iter().chain(fixed.cloned()).collect();
+        let functions: Vec<FunctionSpec> =
+            config.functions.into_iter().chain(self.fixed_functions.iter().cloned()).collect();
         let count = functions.len();
         let keys = config.keys.merge(self.other_keys.clone());
         if keys.is_empty() {
