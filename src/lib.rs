@@ -51,6 +51,7 @@ pub mod server;
 pub mod session;
 #[cfg(test)]
 mod testing;
+pub mod webhook;
 
 pub use resumable_host as host;
 pub use resumable_runner as runner;

@@ -4,6 +4,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use super::decision::Decision;
+use super::expiry::OnExpiry;
+use super::interruption_id::InterruptionId;
 use super::workflow::PendingRequest;
 
 /// One event of an automation's stream (`{"type": "approval_requested", …}`).
@@ -20,6 +22,23 @@ pub enum AutomationEvent {
         /// What the script wrote to its console in the round (`{level, text}` per line).
         #[serde(default)]
         console: Vec<Value>,
+    },
+    /// A round still waits: its approvers are reminded of what is undecided.
+    Reminder {
+        /// The round.
+        round: u32,
+        /// The requests still undecided.
+        pending: Vec<PendingRequest>,
+    },
+    /// Requests of a round expired undecided: the system decides them (`on_expiry = "reject"`:
+    /// rejected with the reason `expired`), or fails the automation (`"fail"`).
+    Expired {
+        /// The round.
+        round: u32,
+        /// The requests that expired.
+        interruptions: Vec<InterruptionId>,
+        /// What their expiry does.
+        on_expiry: OnExpiry,
     },
     /// Every request of a round was decided.
     Decided {
@@ -56,6 +75,19 @@ pub enum AutomationEvent {
 }
 
 impl AutomationEvent {
+    /// The event's name, its `type` (`approval_requested`, `reminder`, `expired`, `decided`,
+    /// `completed`, `failed`).
+    pub fn name(&self) -> &'static str {
+        match self {
+            AutomationEvent::ApprovalRequested { .. } => "approval_requested",
+            AutomationEvent::Reminder { .. } => "reminder",
+            AutomationEvent::Expired { .. } => "expired",
+            AutomationEvent::Decided { .. } => "decided",
+            AutomationEvent::Completed { .. } => "completed",
+            AutomationEvent::Failed { .. } => "failed",
+        }
+    }
+
     /// The event as the JSON of the stream.
     pub fn to_value(&self) -> Value {
         serde_json::to_value(self).unwrap_or(Value::Null)

@@ -15,6 +15,7 @@
 mod approval_index;
 mod decision;
 mod event;
+mod expiry;
 mod interruption_id;
 mod round;
 mod token;
@@ -31,6 +32,7 @@ use serde_json::Value;
 
 pub use decision::{Decision, DecisionBatch, InvalidDecisions, MAX_REASON_CHARS};
 pub use event::{AutomationEvent, HookMetadata};
+pub use expiry::{APPROVAL_EXPIRED, Deadline, EXPIRED_REASON, ExpiryPolicies, ExpiryPolicy, OnExpiry, SYSTEM_ACTOR};
 pub use interruption_id::InterruptionId;
 pub use round::RequestProgress;
 pub use token::HookTokens;
@@ -41,6 +43,9 @@ use crate::connector::{APPROVAL_KIND, Connectors};
 use crate::continuations::SqlContinuationStore;
 use crate::db::AppDb;
 use crate::session::{SessionState, Sessions, WORKFLOW as SESSION_WORKFLOW, run_session};
+use crate::webhook::{
+    DeliveryAttempt, DeliveryDeps, DeliveryLog, WORKFLOW as WEBHOOK_WORKFLOW, Webhooks, run_delivery,
+};
 use approval_index::ApprovalIndex;
 use round::{Refusal, RoundProgress};
 use view::EventLog;
@@ -70,6 +75,8 @@ pub struct AutomationsBuilder {
     engine: Option<Box<dyn FnOnce(EngineBuilder) -> EngineBuilder + Send>>,
     max_rounds: u32,
     policy_version: String,
+    expiry: ExpiryPolicies,
+    webhooks: Option<Webhooks>,
 }
 
 impl AutomationsBuilder {
@@ -83,6 +90,20 @@ impl AutomationsBuilder {
     /// its approval policy (see [`crate::connector`]).
     pub fn connectors(mut self, connectors: Connectors) -> Self {
         self.connectors = Some(connectors);
+        self
+    }
+
+    /// When requests expire and their approvers are reminded (never by default). Keep a clone
+    /// to change them later with [`ExpiryPolicies::replace_with`].
+    pub fn expiry(mut self, policies: ExpiryPolicies) -> Self {
+        self.expiry = policies;
+        self
+    }
+
+    /// Where the tenants' automation events are delivered (nowhere by default). Keep a clone to
+    /// change them later with [`Webhooks::replace_with`].
+    pub fn webhooks(mut self, webhooks: Webhooks) -> Self {
+        self.webhooks = Some(webhooks);
         self
     }
 
@@ -147,7 +168,17 @@ impl AutomationsBuilder {
             tokens: tokens.clone(),
             max_rounds: self.max_rounds,
             sessions: state.clone(),
+            expiry: self.expiry,
+            engine: Arc::new(std::sync::OnceLock::new()),
         });
+        let webhooks = match self.webhooks {
+            Some(webhooks) => webhooks,
+            None => Webhooks::none().map_err(|e| AutomationError::Config(e.to_string()))?,
+        };
+        let deliveries = DeliveryLog::new(self.db.clone());
+        let delivery_deps =
+            Arc::new(DeliveryDeps { webhooks: webhooks.clone(), log: deliveries.clone(), tokens: tokens.clone() });
+        let workflow_deps = Arc::clone(&deps);
         let session_deps = Sessions::deps(state.clone(), tokens.clone(), Arc::clone(&self.store));
         let mut builder = Engine::builder(self.store)
             .register(WORKFLOW, move |ctx, input| {
@@ -157,14 +188,28 @@ impl AutomationsBuilder {
             .register(SESSION_WORKFLOW, move |ctx, input| {
                 let deps = Arc::clone(&session_deps);
                 async move { run_session(deps, ctx, input).await }
+            })
+            .register(WEBHOOK_WORKFLOW, move |ctx, input| {
+                let deps = Arc::clone(&delivery_deps);
+                async move { run_delivery(deps, ctx, input).await }
             });
         builder = builder.workers(self.concurrency);
         if let Some(configure) = self.engine {
             builder = configure(builder);
         }
         let engine = builder.build();
+        let _ = workflow_deps.engine.set(engine.clone());
         let sessions = Sessions::new(engine.clone(), tokens.clone(), state, self.policy_version.clone());
-        Ok(Automations { engine, tokens, policy_version: self.policy_version, sessions, connectors, approvals })
+        Ok(Automations {
+            engine,
+            tokens,
+            policy_version: self.policy_version,
+            sessions,
+            connectors,
+            approvals,
+            webhooks,
+            deliveries,
+        })
     }
 }
 
@@ -177,6 +222,8 @@ pub struct Automations {
     sessions: Sessions,
     connectors: Connectors,
     approvals: ApprovalIndex,
+    webhooks: Webhooks,
+    deliveries: DeliveryLog,
 }
 
 impl Automations {
@@ -194,6 +241,8 @@ impl Automations {
             engine: None,
             max_rounds: 100,
             policy_version: DEFAULT_POLICY_VERSION.to_owned(),
+            expiry: ExpiryPolicies::default(),
+            webhooks: None,
         }
     }
 
@@ -205,6 +254,16 @@ impl Automations {
     /// The HTTP connectors the scripts may call (reload them to change them for new rounds).
     pub fn connectors(&self) -> &Connectors {
         &self.connectors
+    }
+
+    /// Where the tenants' events are delivered.
+    pub fn webhooks(&self) -> &Webhooks {
+        &self.webhooks
+    }
+
+    /// The newest `limit` webhook delivery attempts of `tenant`, newest first.
+    pub async fn deliveries(&self, tenant: &str, limit: usize) -> Result<Vec<DeliveryAttempt>, AutomationError> {
+        self.deliveries.recent(tenant, limit).await.map_err(|e| AutomationError::Internal(e.to_string()))
     }
 
     /// The session service on the same engine.
@@ -230,6 +289,7 @@ impl Automations {
             submitted_by: submitted_by.to_owned(),
             session: None,
             timeout_ms: None,
+            webhooks: self.webhooks.subscribed(tenant),
         };
         let input = serde_json::to_value(&input).map_err(|e| AutomationError::Internal(e.to_string()))?;
         let keyed = idempotency_key.is_some();

@@ -204,6 +204,7 @@ mod tests {
                 interruption_id: format!("interrupt-{}", i + 1).into(),
                 function: "f.g".into(),
                 request: json!({ "kind": crate::connector::APPROVAL_KIND, "quorum": q }),
+                deadline: None,
             })
             .collect()
     }

@@ -26,20 +26,29 @@ impl HookTokens {
 
     /// The token of the hook of `round` of automation `automation_id`.
     pub fn for_round(&self, automation_id: &str, round: u32) -> String {
-        let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.secret).expect("HMAC takes keys of any length");
-        mac.update(b"resumable automation hook\0");
-        mac.update(automation_id.as_bytes());
-        mac.update(b"\0");
-        mac.update(&round.to_be_bytes());
-        format!("ah_{}", URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes()))
+        self.derive("ah_", b"resumable automation hook", &[automation_id.as_bytes(), &round.to_be_bytes()])
     }
 
     /// The token of the hook through which session `session_id` receives its commands.
     pub fn for_session(&self, session_id: &str) -> String {
+        self.derive("sh_", b"resumable session hook", &[session_id.as_bytes()])
+    }
+
+    /// The token of the hook through which the deliveries of webhook `subscription` for
+    /// automation `automation_id` receive its events.
+    pub fn for_webhook(&self, subscription: &str, automation_id: &str) -> String {
+        self.derive("wh_", b"resumable webhook hook", &[subscription.as_bytes(), automation_id.as_bytes()])
+    }
+
+    /// `prefix` and the MAC of `label` and `parts`, each part after a NUL.
+    fn derive(&self, prefix: &str, label: &[u8], parts: &[&[u8]]) -> String {
         let mut mac = <Hmac<Sha256> as KeyInit>::new_from_slice(&self.secret).expect("HMAC takes keys of any length");
-        mac.update(b"resumable session hook\0");
-        mac.update(session_id.as_bytes());
-        format!("sh_{}", URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes()))
+        mac.update(label);
+        for part in parts {
+            mac.update(b"\0");
+            mac.update(part);
+        }
+        format!("{prefix}{}", URL_SAFE_NO_PAD.encode(mac.finalize().into_bytes()))
     }
 }
 
@@ -58,5 +67,7 @@ mod tests {
         assert!(a.for_round("run_1", 1).len() > 40);
         assert_ne!(a.for_session("run_1"), b.for_session("run_1"));
         assert_ne!(a.for_session("run_1"), a.for_session("run_2"));
+        assert_ne!(a.for_webhook("ops", "run_1"), a.for_webhook("ops", "run_2"));
+        assert_ne!(a.for_webhook("ops", "run_1"), a.for_webhook("dev", "run_1"));
     }
 }

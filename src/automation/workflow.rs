@@ -9,8 +9,9 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 
 use super::approval_index::ApprovalIndex;
-use super::decision::DecisionBatch;
+use super::decision::{Decision, DecisionBatch};
 use super::event::{AutomationEvent, HookMetadata};
+use super::expiry::{self, Alarm, Deadline, EXPIRED_REASON, ExpiryPolicies, OnExpiry, SYSTEM_ACTOR};
 use super::interruption_id::InterruptionId;
 use super::round::RoundProgress;
 use super::token::HookTokens;
@@ -18,6 +19,7 @@ use crate::connector::{CallScope, Connectors};
 use crate::continuations::SqlContinuationStore;
 use crate::fault::{self, FaultPoint};
 use crate::session::SessionState;
+use crate::webhook::{Publisher, Subscribed};
 use resumable_host::HostFunctions;
 
 /// The name the automation workflow is registered under.
@@ -51,6 +53,9 @@ pub struct AutomationInput {
     /// The time cap of each round's run in milliseconds (the runner's limit when absent).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub timeout_ms: Option<u64>,
+    /// The tenant's webhook subscriptions when it was submitted: they receive its events.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub webhooks: Vec<Subscribed>,
 }
 
 /// A pending request of a round, as approvers see it.
@@ -63,6 +68,9 @@ pub struct PendingRequest {
     pub function: String,
     /// What it asked for (for a refund: `{kind, orderId, amount}`).
     pub request: Value,
+    /// When it expires and how often its approvers are reminded (absent when never).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub deadline: Option<Deadline>,
 }
 
 /// How one round of the script ended, as recorded by its step.
@@ -108,6 +116,10 @@ pub(crate) struct Deps {
     pub(crate) tokens: HookTokens,
     pub(crate) max_rounds: u32,
     pub(crate) sessions: SessionState,
+    pub(crate) expiry: ExpiryPolicies,
+    /// The engine the workflow runs on, set once it is built: the system delivers its own
+    /// decisions on expiry to a round's hook through it.
+    pub(crate) engine: Arc<std::sync::OnceLock<resumable_workflow::Engine>>,
 }
 
 fn console_json(outcome_console: &[resumable_runner::ConsoleLine]) -> Vec<Value> {
@@ -226,7 +238,10 @@ impl Deps {
             }
             request = request.resume(token, resolutions);
         }
-        match self.runner.run(request).await {
+        let outcome = self.runner.run(request).await;
+        // A request's deadlines count from the end of the round that asked.
+        let asked_at = crate::db::to_ms(std::time::SystemTime::now());
+        match outcome {
             Ok(Outcome::Completed(c)) => {
                 Ok(RoundResult::Completed { console: console_json(&c.console), value: c.value })
             }
@@ -238,6 +253,7 @@ impl Deps {
                         interruption_id: i.id.clone().into(),
                         function: i.function.clone(),
                         request: i.payload.clone(),
+                        deadline: self.expiry.for_request(&input.tenant, &i.function).deadline(asked_at),
                     })
                     .collect(),
                 console: console_json(&s.console),
@@ -261,6 +277,7 @@ pub(crate) async fn run_automation(
     let input: AutomationInput = serde_json::from_value(input)?;
     let id = ctx.run_id().to_string();
     let mut resume: Option<Resume> = None;
+    let mut publisher = Publisher::new(&ctx, &deps.engine, &deps.tokens, &input.tenant, &input.webhooks);
     for round in 1..=deps.max_rounds {
         let result = {
             let (deps, input, id, resume) = (Arc::clone(&deps), input.clone(), id.clone(), resume.take());
@@ -273,12 +290,16 @@ pub(crate) async fn run_automation(
         };
         match result {
             RoundResult::Completed { value, console } => {
-                ctx.emit(&AutomationEvent::Completed { round, value: value.clone(), console }.to_value()).await?;
+                publisher
+                    .publish(AutomationEvent::Completed { round, value: value.clone(), console }.to_value())
+                    .await?;
                 return Ok(json!({ "value": value, "rounds": round }));
             }
             RoundResult::Failed { code, message, console } => {
                 let text = error_text(&code, &message);
-                ctx.emit(&AutomationEvent::Failed { round: Some(round), code, message, console }.to_value()).await?;
+                publisher
+                    .publish(AutomationEvent::Failed { round: Some(round), code, message, console }.to_value())
+                    .await?;
                 return Err(WorkflowError::msg(text));
             }
             RoundResult::Interrupted { continuation, pending, console, connectors } => {
@@ -291,19 +312,19 @@ pub(crate) async fn run_automation(
                 // The hook exists before anyone can learn of the request from the stream.
                 let hook = ctx.hook(&deps.tokens.for_round(&id, round), metadata.to_value()).await?;
                 let event = AutomationEvent::ApprovalRequested { round, pending: pending.clone(), console };
-                ctx.emit(&event.to_value()).await?;
-                // Batches arrive until every request is decided; the server checks each before it
-                // delivers it, and one that counts for nothing here is skipped (as the server
-                // told its sender).
-                let mut progress = RoundProgress::new(&pending);
-                while !progress.is_decided() {
-                    if let Ok(batch) = serde_json::from_value::<DecisionBatch>(hook.next().await?) {
-                        let _ = progress.apply(&batch);
-                    }
-                }
+                publisher.publish(event.to_value()).await?;
+                let Some(progress) = wait_for_decisions(&deps, &ctx, &mut publisher, &hook, round, &pending).await?
+                else {
+                    let message = format!("a request of round {round} expired before anyone decided it");
+                    let text = error_text(expiry::APPROVAL_EXPIRED, &message);
+                    let code = expiry::APPROVAL_EXPIRED.to_owned();
+                    let event = AutomationEvent::Failed { round: Some(round), code, message, console: Vec::new() };
+                    publisher.publish(event.to_value()).await?;
+                    return Err(WorkflowError::msg(text));
+                };
                 let batch = progress.as_batch();
                 let event = AutomationEvent::Decided { round, actor: batch.actor, decisions: batch.decisions };
-                ctx.emit(&event.to_value()).await?;
+                publisher.publish(event.to_value()).await?;
                 resume = Some(Resume { continuation, resolutions: progress.resolutions(), connectors });
             }
         }
@@ -311,6 +332,88 @@ pub(crate) async fn run_automation(
     let message = format!("the automation asked for approval more than {} times", deps.max_rounds);
     let text = error_text("AUTOMATION_TOO_MANY_ROUNDS", &message);
     let code = "AUTOMATION_TOO_MANY_ROUNDS".to_owned();
-    ctx.emit(&AutomationEvent::Failed { round: None, code, message, console: Vec::new() }.to_value()).await?;
+    publisher.publish(AutomationEvent::Failed { round: None, code, message, console: Vec::new() }.to_value()).await?;
     Err(WorkflowError::msg(text))
+}
+
+/// Waits until every request of the round is decided, and returns how; `None` when one expired
+/// with `on_expiry = "fail"`.
+///
+/// Batches arrive until every request is decided; the server checks each before it delivers it,
+/// and one that counts for nothing here is skipped (as the server told its sender). The wait
+/// races the hook against the round's next alarm: a reminder is an event, and an expiry is
+/// decided by the system with a batch delivered to the same hook, so it is folded in the order
+/// the hook received it, as the server folds it, and a human decision that came first wins.
+async fn wait_for_decisions(
+    deps: &Arc<Deps>,
+    ctx: &WorkflowContext,
+    publisher: &mut Publisher<'_>,
+    hook: &resumable_workflow::Hook,
+    round: u32,
+    pending: &[PendingRequest],
+) -> Result<Option<RoundProgress>, WorkflowError> {
+    let mut progress = RoundProgress::new(pending);
+    let (mut reminded, mut expiring) = (0u32, false);
+    while !progress.is_decided() {
+        let undecided: Vec<&PendingRequest> =
+            pending.iter().filter(|r| !progress.decides(&r.interruption_id)).collect();
+        let deadlines: Vec<Deadline> = undecided.iter().filter_map(|r| r.deadline).collect();
+        let alarm = expiry::next_alarm(&deadlines, reminded, expiring);
+        let payload = match alarm {
+            None => Some(hook.next().await?),
+            Some(alarm) => hook.next_before(crate::db::from_ms(alarm.at())).await?,
+        };
+        match (payload, alarm) {
+            (Some(payload), _) => {
+                if let Ok(batch) = serde_json::from_value::<DecisionBatch>(payload) {
+                    // The system's batch counts, or a human decision made it moot: either way,
+                    // what is still undecided may expire again.
+                    expiring &= batch.actor != SYSTEM_ACTOR;
+                    let _ = progress.apply(&batch);
+                }
+            }
+            (None, Some(Alarm::Remind(_))) => {
+                reminded += 1;
+                let pending = undecided.into_iter().cloned().collect();
+                publisher.publish(AutomationEvent::Reminder { round, pending }.to_value()).await?;
+            }
+            (None, Some(Alarm::Expire(at))) => {
+                let expired: Vec<&PendingRequest> = undecided
+                    .into_iter()
+                    .filter(|r| r.deadline.and_then(|d| d.expires_at).is_some_and(|e| e <= at))
+                    .collect();
+                let fails = expired.iter().any(|r| r.deadline.is_some_and(|d| d.on_expiry == OnExpiry::Fail));
+                let on_expiry = if fails { OnExpiry::Fail } else { OnExpiry::Reject };
+                let interruptions = expired.iter().map(|r| r.interruption_id.clone()).collect();
+                publisher.publish(AutomationEvent::Expired { round, interruptions, on_expiry }.to_value()).await?;
+                if fails {
+                    return Ok(None);
+                }
+                let batch = DecisionBatch {
+                    decisions: expired
+                        .iter()
+                        .map(|r| Decision {
+                            interruption_id: r.interruption_id.clone(),
+                            approved: false,
+                            reason: Some(EXPIRED_REASON.to_owned()),
+                        })
+                        .collect(),
+                    actor: SYSTEM_ACTOR.to_owned(),
+                };
+                let (deps, token) = (Arc::clone(deps), hook.token().to_owned());
+                ctx.step("expire", move |_| async move {
+                    let engine = deps.engine.get().ok_or_else(|| StepError::retryable("the engine is starting"))?;
+                    engine
+                        .resume_hook(&token, batch.to_value())
+                        .await
+                        .map(|_| ())
+                        .map_err(|e| StepError::retryable(format!("delivering the expiry decision: {e}")))
+                })
+                .await?;
+                expiring = true;
+            }
+            (None, None) => {}
+        }
+    }
+    Ok(Some(progress))
 }

@@ -167,9 +167,10 @@ pub fn execute_serve(args: ServeArgs) -> ExitCode {
         Ok(keys) => keys,
         Err(message) => return usage_error(message),
     };
-    let (settings, file_keys, functions) = match file {
-        Some(ServeConfig { file, keys, functions }) => (file, keys, functions),
-        None => (ConfigFile::default(), ApiKeys::default(), Vec::new()),
+    let expiry = file.as_ref().map(ServeConfig::expiry_policies).unwrap_or_default();
+    let (settings, file_keys, functions, webhooks) = match file {
+        Some(ServeConfig { file, keys, functions, webhooks }) => (file, keys, functions, webhooks),
+        None => (ConfigFile::default(), ApiKeys::default(), Vec::new(), Vec::new()),
     };
     let reload_from = args.config.clone().map(|path| (path, keys.clone()));
     let keys = file_keys.merge(keys);
@@ -191,6 +192,9 @@ pub fn execute_serve(args: ServeArgs) -> ExitCode {
         lease: lease.unwrap_or(DEFAULT_LEASE),
         secure_cookies: args.secure_cookies || settings.secure_cookies.unwrap_or(false),
         functions,
+        expiry,
+        webhooks,
+        public_url: settings.public_url.map(|url| url.0),
         reload_from,
     };
     let rt = match runtime() {

@@ -9,6 +9,7 @@ use serde_json::Value;
 
 use super::summary::placeholders_in;
 use super::values::{Endpoint, Seconds, WebhookSecret};
+use crate::automation::{ExpiryPolicy, OnExpiry};
 
 /// Namespaces the server defines itself (`orders` is its compiled-in order system); a
 /// configured function may not use them.
@@ -164,6 +165,14 @@ pub struct FunctionConfig {
     pub summary: Option<String>,
     /// The tenants whose scripts have the function (every tenant unless set).
     pub tenants: Option<Vec<String>>,
+    /// How long a request waits for its decision before it expires (the tenant's default, or for
+    /// ever, unless set).
+    pub expires_after: Option<Seconds>,
+    /// What an expired request does: `"reject"` (the default) or `"fail"`.
+    pub on_expiry: Option<OnExpiry>,
+    /// How often the approvers are reminded while a request waits (the tenant's default, or
+    /// never, unless set).
+    pub remind_after: Option<Seconds>,
 }
 
 fn default_retries() -> u32 {
@@ -183,6 +192,11 @@ fn default_approvers() -> Vec<String> {
 }
 
 impl FunctionConfig {
+    /// Its expiry and reminder settings (what it leaves out comes from the tenant's).
+    pub fn expiry(&self) -> ExpiryPolicy {
+        super::expiry::policy(self.expires_after, self.on_expiry, self.remind_after)
+    }
+
     /// Checks what spans several fields and returns the signing secret.
     pub(super) fn check(&self) -> Result<Vec<u8>, String> {
         let secret = match (&self.secret, &self.secret_env) {

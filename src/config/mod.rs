@@ -21,11 +21,13 @@
 //! and what was expected ([`ConfigError::Invalid`]). A file that holds a secret in clear (a `key`
 //! or a `secret`) must not be readable by other users ([`ConfigError::Exposed`]).
 
+mod expiry;
 mod file_mode;
 mod function;
 mod keys;
 mod summary;
 mod values;
+mod webhook;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -33,10 +35,12 @@ use std::path::{Path, PathBuf};
 
 use serde::Deserialize;
 
+pub use expiry::TenantConfig;
 pub use function::{Approval, FunctionConfig, FunctionName, ParamConfig, ParamType};
 pub use keys::KeyConfig;
 pub use summary::{placeholders_in, render_summary};
 pub use values::{Endpoint, Seconds, WebhookSecret};
+pub use webhook::{WebhookConfig, WebhookEvent, WebhookFormat, WebhookSpec};
 
 use crate::server::ApiKeys;
 
@@ -65,6 +69,15 @@ pub struct ConfigFile {
     /// The host functions, by full name (`namespace.function`): HTTP connectors.
     #[serde(default)]
     pub functions: BTreeMap<FunctionName, toml::Spanned<FunctionConfig>>,
+    /// Each tenant's defaults (`[tenants.acme] expires_after = "72h"`).
+    #[serde(default)]
+    pub tenants: BTreeMap<String, TenantConfig>,
+    /// Where automation events are delivered.
+    #[serde(default)]
+    pub webhooks: Vec<toml::Spanned<WebhookConfig>>,
+    /// The address people use to reach the inbox (`https://approvals.example.com`): the links of
+    /// webhook deliveries point there.
+    pub public_url: Option<Endpoint>,
 }
 
 /// Why a configuration file was refused.
@@ -123,6 +136,8 @@ pub struct ServeConfig {
     pub keys: ApiKeys,
     /// Its host functions, in name order, with their secrets.
     pub functions: Vec<(FunctionName, FunctionConfig, Vec<u8>)>,
+    /// Its webhook subscriptions, with their names and secrets.
+    pub webhooks: Vec<WebhookSpec>,
 }
 
 impl ServeConfig {
@@ -153,7 +168,22 @@ impl ServeConfig {
             let secret = config.check().map_err(|e| at(function.span(), format!("functions.\"{name}\": {e}")))?;
             functions.push((name.clone(), config.clone(), secret));
         }
-        Ok(ServeConfig { file, keys, functions })
+        let mut webhooks: Vec<WebhookSpec> = Vec::with_capacity(file.webhooks.len());
+        for (i, webhook) in file.webhooks.iter().enumerate() {
+            let spec = webhook.get_ref().resolve().map_err(|e| at(webhook.span(), format!("webhooks[{i}]: {e}")))?;
+            if webhooks.iter().any(|w| w.name == spec.name) {
+                return Err(at(webhook.span(), format!("webhooks[{i}]: the name {:?} is used twice", spec.name)));
+            }
+            webhooks.push(spec);
+        }
+        Ok(ServeConfig { file, keys, functions, webhooks })
+    }
+
+    /// The expiry and reminder policies of its functions and the defaults of its tenants.
+    pub fn expiry_policies(&self) -> crate::automation::ExpiryPolicies {
+        let functions = self.functions.iter().map(|(name, config, _)| (name.to_string(), config.expiry())).collect();
+        let tenants = self.file.tenants.iter().map(|(name, tenant)| (name.clone(), tenant.policy())).collect();
+        crate::automation::ExpiryPolicies::new(functions, tenants)
     }
 
     /// Whether a key, a connector secret or a database password is written in the file itself.
@@ -166,6 +196,7 @@ impl ServeConfig {
         database_secret
             || self.file.keys.iter().any(|k| k.get_ref().key.is_some())
             || self.file.functions.values().any(|f| f.get_ref().secret.is_some())
+            || self.webhooks.iter().any(|w| w.config.secret.is_some() || w.config.format == WebhookFormat::Slack)
     }
 }
 

@@ -147,6 +147,9 @@ pub enum KeysError {
     /// A key (counted from 1) has no actor or no tenant.
     #[error("API key #{0} needs an actor and a tenant")]
     Incomplete(usize),
+    /// A key (counted from 1) names the actor of the system's own decisions.
+    #[error("API key #{0} names the actor \"system\", which is the server's own (its decisions on expiry)")]
+    ReservedActor(usize),
     /// A key (counted from 1) is the same as an earlier one.
     #[error("API key #{0} is configured twice")]
     Duplicate(usize),
@@ -189,6 +192,9 @@ impl ApiKeys {
             }
             if k.roles.is_empty() {
                 return Err(KeysError::NoRoles(i + 1));
+            }
+            if k.actor == crate::automation::SYSTEM_ACTOR {
+                return Err(KeysError::ReservedActor(i + 1));
             }
             let caller = Caller { actor: k.actor, tenant: k.tenant, roles: k.roles };
             if by_digest.insert(k.digest, caller).is_some() {

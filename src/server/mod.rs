@@ -35,11 +35,12 @@ pub use secret::{SecretError, load_or_create as load_or_create_secret};
 pub use start_error::ServerError;
 pub use throttle::AuthThrottle;
 
-use crate::automation::Automations;
-use crate::config::{FunctionName, ServeConfig};
+use crate::automation::{Automations, ExpiryPolicies};
+use crate::config::{FunctionName, ServeConfig, WebhookSpec};
 use crate::connector::{Connectors, FunctionSpec};
 use crate::db::AppDb;
 use crate::orders::OrderBook;
+use crate::webhook::Webhooks;
 
 /// What the handlers share.
 #[derive(Clone, Debug)]
@@ -87,6 +88,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/approvals", get(routes::approvals))
         .route("/v1/functions", get(routes::functions))
         .route("/v1/functions.d.ts", get(routes::functions_typescript))
+        .route("/v1/webhooks/deliveries", get(routes::webhook_deliveries))
         .route("/v1/sessions", post(sessions::start))
         .route("/v1/sessions/{id}", get(sessions::get).delete(sessions::destroy))
         .route("/v1/sessions/{id}/commands", post(sessions::command))
@@ -135,6 +137,12 @@ pub struct ServerConfig {
     pub secure_cookies: bool,
     /// The HTTP connector host functions (from the configuration file), with their secrets.
     pub functions: Vec<FunctionSpec>,
+    /// When requests expire and their approvers are reminded.
+    pub expiry: ExpiryPolicies,
+    /// The webhook subscriptions (from the configuration file).
+    pub webhooks: Vec<WebhookSpec>,
+    /// The address people reach the inbox at, for the links of webhook deliveries.
+    pub public_url: Option<reqwest::Url>,
     /// The configuration file to read again on SIGHUP, with the keys that do not come from it
     /// (`keys` holds both): a reload replaces the file's keys and every function.
     pub reload_from: Option<(PathBuf, ApiKeys)>,
@@ -149,6 +157,17 @@ pub struct Service {
     pub orders: OrderBook,
 }
 
+/// What the automations reach beyond the database, each replaceable on reload.
+#[derive(Clone, Debug)]
+pub struct Integrations {
+    /// The HTTP connectors.
+    pub connectors: Connectors,
+    /// When requests expire and their approvers are reminded.
+    pub expiry: ExpiryPolicies,
+    /// Where events are delivered.
+    pub webhooks: Webhooks,
+}
+
 /// Opens the database (migrating it), the order system and the automation service.
 pub async fn open_service(
     db_url: &str,
@@ -157,7 +176,7 @@ pub async fn open_service(
     demo: bool,
     runner: RunnerConfig,
     lease: Duration,
-    connectors: Connectors,
+    integrations: Integrations,
 ) -> Result<Service, ServerError> {
     let db = AppDb::open(db_url).await?;
     let store = db.store();
@@ -168,7 +187,9 @@ pub async fn open_service(
     let host = orders.clone();
     let automations = Automations::builder(store, db, secret)
         .host(move |tenant| host.host_functions(tenant))
-        .connectors(connectors)
+        .connectors(integrations.connectors)
+        .expiry(integrations.expiry)
+        .webhooks(integrations.webhooks)
         .runner(runner)
         .concurrency(workers)
         .engine(move |engine| engine.lease(lease))
@@ -205,6 +226,8 @@ pub async fn serve(
     }
     let functions = config.functions.into_iter().chain(demo_functions.clone()).collect();
     let connectors = Connectors::with_predicate_runner(functions, config.runner.clone())?;
+    let webhooks = Webhooks::new(config.webhooks, config.public_url).map_err(ServerError::HttpClient)?;
+    let integrations = Integrations { connectors, expiry: config.expiry, webhooks };
     let service = open_service(
         &config.db_url,
         &secret,
@@ -212,7 +235,7 @@ pub async fn serve(
         config.demo,
         config.runner,
         config.lease,
-        connectors.clone(),
+        integrations.clone(),
     )
     .await?;
     let demo = config.demo.then(|| DemoApp::new(service.orders.clone(), &secret));
@@ -233,7 +256,7 @@ pub async fn serve(
         None => (None, ApiKeys::default()),
     };
     let other_keys = if config.demo { other_keys.merge(ApiKeys::demo()) } else { other_keys };
-    let reload = Reload { path, other_keys, keys: keys.clone(), connectors, fixed_functions: demo_functions };
+    let reload = Reload { path, other_keys, keys: keys.clone(), integrations, fixed_functions: demo_functions };
     tokio::spawn(reload.on_hangup());
     let (stop, shutting_down) = watch::channel(false);
     let inbox = InboxSettings::from_secret(&secret, config.secure_cookies);
@@ -299,8 +322,8 @@ struct Reload {
     other_keys: ApiKeys,
     /// The keys the server checks, replaced on each reload.
     keys: ApiKeys,
-    /// The connectors, replaced on each reload.
-    connectors: Connectors,
+    /// The connectors, expiry policies and webhooks, replaced on each reload.
+    integrations: Integrations,
     /// The functions that do not come from the file (the demo's).
     fixed_functions: Vec<FunctionSpec>,
 }
@@ -333,6 +356,9 @@ impl Reload {
         if let Some(name) = defined_twice(&config.functions, &self.fixed_functions) {
             return Err(format!("the file defines {name}, which --demo defines too"));
         }
+        let expiry = config.expiry_policies();
+        let webhooks =
+            Webhooks::new(config.webhooks, config.file.public_url.map(|u| u.0)).map_err(|e| e.to_string())?;
         let functions: Vec<FunctionSpec> =
             config.functions.into_iter().chain(self.fixed_functions.iter().cloned()).collect();
         let count = functions.len();
@@ -340,7 +366,9 @@ impl Reload {
         if keys.is_empty() {
             return Err("it leaves no API key".to_owned());
         }
-        self.connectors.reload(functions).map_err(|e| e.to_string())?;
+        self.integrations.connectors.reload(functions).map_err(|e| e.to_string())?;
+        self.integrations.expiry.replace_with(&expiry);
+        self.integrations.webhooks.replace_with(&webhooks);
         self.keys.replace_with(&keys);
         Ok(count)
     }

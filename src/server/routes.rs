@@ -131,6 +131,32 @@ pub async fn approvals(State(state): State<AppState>, caller: Caller) -> Result<
     Ok(Json(json!({ "approvals": approvals })))
 }
 
+/// `?limit=N` of the webhook deliveries.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DeliveriesQuery {
+    #[serde(default = "default_deliveries")]
+    limit: usize,
+}
+
+fn default_deliveries() -> usize {
+    100
+}
+
+/// The most delivery attempts one listing returns.
+const MAX_DELIVERIES: usize = 1_000;
+
+/// The caller's tenant's newest webhook delivery attempts, newest first.
+pub async fn webhook_deliveries(
+    State(state): State<AppState>,
+    caller: Caller,
+    Query(query): Query<DeliveriesQuery>,
+) -> Result<Json<Value>, ApiError> {
+    let limit = query.limit.clamp(1, MAX_DELIVERIES);
+    let attempts = state.automations.deliveries(&caller.tenant, limit).await?;
+    Ok(Json(json!({ "deliveries": attempts })))
+}
+
 /// The host functions the caller's tenant may call: namespaces, parameters and policies.
 pub async fn functions(State(state): State<AppState>, caller: Caller) -> Json<Value> {
     Json(state.automations.connectors().catalog(Some(&caller.tenant)))

@@ -29,6 +29,9 @@ pub enum ServerError {
     /// The configured HTTP connectors cannot be set up.
     #[error(transparent)]
     Connectors(#[from] crate::connector::ConnectorError),
+    /// The webhooks' HTTP client could not be built.
+    #[error("the webhooks' HTTP client: {0}")]
+    HttpClient(#[source] reqwest::Error),
     /// The database cannot be opened, migrated or seeded.
     #[error(transparent)]
     Database(#[from] DbError),

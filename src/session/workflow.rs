@@ -146,6 +146,8 @@ async fn run_command(
         submitted_by: submitted_by.clone(),
         session: Some(session),
         timeout_ms: Some(input.command_timeout_ms),
+        // A session's commands report through the session's stream, not through webhooks.
+        webhooks: Vec::new(),
     };
     let child = ctx.start_child(AUTOMATION_WORKFLOW, serde_json::to_value(&child_input)?).await?;
     let automation = child.run_id().clone();

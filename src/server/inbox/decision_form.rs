@@ -153,6 +153,7 @@ mod tests {
                     interruption_id: (*id).into(),
                     function: "orders.refund".into(),
                     request: json!({ "orderId": "<b>", "amount": 1 }),
+                    deadline: None,
                 })
                 .collect(),
             progress: Vec::new(),

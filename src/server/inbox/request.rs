@@ -59,6 +59,7 @@ mod tests {
             interruption_id: "interrupt-1".into(),
             function: "billing.refund".into(),
             request: json!({ "kind": "connector-approval", "summary": "Refund 1500 on <b>A-1</b>" }),
+            deadline: None,
         };
         let html = render(&request).into_string();
         assert!(html.contains("<dd class=\"summary\">Refund 1500 on &lt;b&gt;A-1&lt;/b&gt;</dd>"), "{html}");
@@ -70,6 +71,7 @@ mod tests {
             interruption_id: "interrupt-2".into(),
             function: "orders.refund".into(),
             request: json!({ "kind": "refund-approval", "orderId": "<img src=x onerror=alert(1)>", "amount": 1500 }),
+            deadline: None,
         };
         let html = render(&request).into_string();
         assert!(html.contains("<dd class=\"amount\">15.00 <span class=\"muted\">(1500 cents)</span></dd>"), "{html}");
