@@ -1,6 +1,7 @@
 //! The public entry point: a [`Runner`] executes [`RunRequest`]s.
 
 use crate::bytecode_cache::{BytecodeCacheConfig, RunnerStats, StatsCounters};
+use crate::clock::Clock;
 use crate::continuation::{Claim, ContinuationCodec, Inspection, Opened, StateStream};
 use crate::determinism::{fresh_seed, wall_clock_ms};
 use crate::error::{ConfigError, ErrorCode, RunError};
@@ -38,6 +39,7 @@ pub struct RunnerConfig {
     codec: Option<ContinuationCodec>,
     processes: Option<ProcessConfig>,
     bytecode_cache: BytecodeCacheConfig,
+    clock: Clock,
 }
 
 impl Default for RunnerConfig {
@@ -49,6 +51,7 @@ impl Default for RunnerConfig {
             codec: None,
             processes: None,
             bytecode_cache: BytecodeCacheConfig::default(),
+            clock: Clock::system(),
         }
     }
 }
@@ -103,6 +106,14 @@ impl RunnerConfig {
         self.codec = Some(codec.into());
         self
     }
+
+    /// The clock continuations are issued and checked by (the system clock unless set): a
+    /// token's issue time, expiry and age, a stored token's lifetime. A stored token's expiry is
+    /// also checked by its store, with the store's own clock.
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
 }
 
 impl fmt::Debug for RunnerConfig {
@@ -113,6 +124,7 @@ impl fmt::Debug for RunnerConfig {
             .field("limits", &self.limits)
             .field("codec", &self.codec)
             .field("bytecode_cache", &self.bytecode_cache)
+            .field("clock", &self.clock)
             .finish()
     }
 }
@@ -225,6 +237,7 @@ struct Inner {
     limits: Limits,
     codec: Option<ContinuationCodec>,
     bytecode_cache: BytecodeCacheConfig,
+    clock: Clock,
     stats: Arc<StatsCounters>,
 }
 
@@ -262,8 +275,14 @@ impl Runner {
                 )))
             }
         };
-        let inner =
-            Inner { backend, limits: config.limits, codec: config.codec, bytecode_cache: config.bytecode_cache, stats };
+        let inner = Inner {
+            backend,
+            limits: config.limits,
+            codec: config.codec,
+            bytecode_cache: config.bytecode_cache,
+            clock: config.clock,
+            stats,
+        };
         Ok(Runner { inner: Arc::new(inner) })
     }
 
@@ -393,7 +412,7 @@ impl Runner {
                     ledger,
                 };
                 let codec = self.inner.codec.as_ref().ok_or_else(no_codec)?;
-                let continuation = codec.issue(&state, &request.audience, &limits).await?;
+                let continuation = codec.issue(&state, &request.audience, &limits, self.inner.clock.now()).await?;
                 Ok(Outcome::Interrupted(Suspension {
                     interruptions,
                     continuation,
@@ -464,7 +483,7 @@ impl Runner {
     /// Verifies `token` (signature, expiry, store state) and describes its pending
     /// interruptions without consuming anything.
     pub async fn inspect(&self, token: &str) -> Result<Inspection, RunError> {
-        self.inner.codec.as_ref().ok_or_else(no_codec)?.inspect(token).await
+        self.inner.codec.as_ref().ok_or_else(no_codec)?.inspect_at(token, self.inner.clock.now()).await
     }
 
     /// Verifies the continuation and resolutions (claiming a stored token), or
@@ -485,7 +504,7 @@ impl Runner {
         }
         let codec = self.inner.codec.as_ref().ok_or_else(no_codec)?;
         // A worker can replay a continuation while this thread authenticates and decodes its state.
-        match codec.open(token, &request.audience, limits).await? {
+        match codec.open(token, &request.audience, limits, self.inner.clock.now()).await? {
             Opened::Whole { state, claim } => match resumed_replay(state, request, limits, source, scope) {
                 Ok(replay) => Ok((replay, claim, None)),
                 Err(error) => {
