@@ -14,11 +14,13 @@ use resumable::runner::codec::{SealedCodec, SealedCodecConfig, SignedCodec, Sign
 use resumable::runner::{
     Clock, ContinuationCodec, ContinuationStore, MemoryContinuationStore, StoredCodec, StoredContinuation,
 };
-use resumable::{HostError, HostFunctions, Interruption, Outcome, Resolution, RunRequest, Runner, RunnerConfig};
+use resumable::{
+    ErrorCode, HostError, HostFunctions, Interruption, Outcome, Resolution, RunRequest, Runner, RunnerConfig,
+};
 use serde_json::{Value, json};
 
 /// The directory `generate_golden_files` writes: named after the state format this release makes.
-const CURRENT: &str = "state-v1";
+const CURRENT: &str = "state-v2";
 
 /// The secret every golden token is signed or sealed with.
 const SECRET: &[u8] = b"the fixed secret of resumable's golden continuations";
@@ -80,6 +82,18 @@ impl Shop {
     }
 
     fn host(&self) -> HostFunctions {
+        self.builder().build().unwrap()
+    }
+
+    /// The host of a later release, with one more function.
+    fn upgraded_host(&self) -> HostFunctions {
+        self.builder()
+            .typed("shop.cancel", ["order_id"], |_, (id,): (String,)| async move { Ok(json!(id)) })
+            .build()
+            .unwrap()
+    }
+
+    fn builder(&self) -> resumable::host::HostFunctionsBuilder {
         let (order, audit, refund) = (self.clone(), self.clone(), self.clone());
         HostFunctions::builder()
             .typed("shop.order", ["order_id"], move |ctx, (id,): (String,)| {
@@ -103,8 +117,6 @@ impl Shop {
                     }
                 }
             })
-            .build()
-            .unwrap()
     }
 }
 
@@ -213,6 +225,26 @@ async fn every_golden_continuation_resumes_to_its_value_calling_only_the_interru
                 .unwrap_or_else(|e| panic!("{}/{codec} did not resume: {e:?}", dir.display()));
             assert_eq!(value, manifest["values"][codec], "{}/{codec}", dir.display());
             assert_eq!(shop.calls(), resumed_calls(), "{}/{codec}: the ledger served the other calls", dir.display());
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn golden_continuations_from_state_format_2_on_resume_where_a_function_was_added() {
+    for dir in formats() {
+        let manifest: Value = serde_json::from_slice(&read(&dir, "manifest.json")).unwrap();
+        for codec in CODECS {
+            let shop = Shop::default();
+            let resumed = resume(&dir, codec, shop.upgraded_host()).await;
+            if dir.ends_with("state-v1") {
+                // Format 1 bound every host-function name: it resumes only with the same names.
+                assert_eq!(resumed.unwrap_err().code, ErrorCode::ProtocolError, "{}/{codec}", dir.display());
+                assert!(shop.calls().is_empty(), "{}/{codec}", dir.display());
+            } else {
+                let value = resumed.unwrap_or_else(|e| panic!("{}/{codec} did not resume: {e:?}", dir.display()));
+                assert_eq!(value, manifest["values"][codec], "{}/{codec}", dir.display());
+                assert_eq!(shop.calls(), resumed_calls(), "{}/{codec}", dir.display());
+            }
         }
     }
 }

@@ -17,6 +17,7 @@ mod limits;
 mod link;
 mod outcome;
 mod sandbox;
+mod scope;
 mod state;
 mod store;
 mod text;

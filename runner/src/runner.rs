@@ -14,8 +14,9 @@ use crate::link::{HostLink, LocalHost};
 use crate::outcome::{Completion, Outcome, Resolution, Suspension};
 use crate::pool::{Pool, Task, answer_soon};
 use crate::process::{ProcessConfig, ProcessJob, ProcessPool};
+use crate::scope::Scope;
 use crate::state::{
-    CallOutcome, ContinuationState, LedgerEntry, StateHead, check_head, scope_hash, source_hash, unknown_interruption,
+    CallOutcome, ContinuationState, LedgerEntry, StateHead, check_head, source_hash, unknown_interruption,
 };
 use base64::Engine as _;
 use resumable_host::{CancelSignal, HostFunctions};
@@ -345,12 +346,12 @@ impl Runner {
             ));
         }
         let source_hash = source_hash(&request.source);
-        let scope = scope_hash(&request.audience, request.host.names(), &request.context, &source_hash);
+        let scope = Scope::new(&request.audience, &request.host, &request.context, &source_hash);
         let (replay, claim, rest) = self.replay(request, &limits, &source_hash, &scope).await?;
         let run = PreparedRun {
             source: request.source.clone(),
             source_hash,
-            scope_hash: scope,
+            scope,
             functions: request.host.names().map(str::to_string).collect(),
             limits,
             replay,
@@ -372,7 +373,7 @@ impl Runner {
         rest: Option<StateStream>,
         events: Option<Arc<EventQueue>>,
     ) -> Result<Outcome, RunError> {
-        let (source_hash, scope, limits) = (run.source_hash, run.scope_hash, run.limits);
+        let (source_hash, scope, limits) = (run.source_hash, run.scope.clone(), run.limits);
         let mut seed = run.replay.seed;
         let mut start_clock = run.replay.start_clock;
         let mut logical_run_id = run.replay.logical_run_id.clone();
@@ -403,12 +404,14 @@ impl Runner {
         match raw? {
             RawOutcome::Completed { value, console } => Ok(Outcome::Completed(Completion { value, console })),
             RawOutcome::Interrupted { ledger, interruptions, console } => {
+                let functions = scope.used_by(&ledger)?;
                 let state = ContinuationState {
                     source_hash,
-                    scope_hash: scope,
+                    scope_hash: scope.hash(&functions),
                     logical_run_id: logical_run_id.to_string(),
                     seed,
                     start_clock,
+                    functions: Some(functions),
                     ledger,
                 };
                 let codec = self.inner.codec.as_ref().ok_or_else(no_codec)?;
@@ -493,7 +496,7 @@ impl Runner {
         request: &RunRequest,
         limits: &Limits,
         source: &[u8; 32],
-        scope: &[u8; 32],
+        scope: &Scope,
     ) -> Result<(Replay, Option<Arc<Claim>>, Option<StateStream>), RunError> {
         let Some(token) = &request.continuation else {
             return Ok((fresh_replay(request)?, None, None));
@@ -573,7 +576,7 @@ fn resumed_replay(
     request: &RunRequest,
     limits: &Limits,
     source: &[u8; 32],
-    scope: &[u8; 32],
+    scope: &Scope,
 ) -> Result<Replay, RunError> {
     let (head, ledger) = state.into_parts();
     check_head(&head, source, scope, limits)?;
