@@ -3,9 +3,10 @@
 use std::fmt;
 use std::num::NonZeroU32;
 
+use resumable_host::Signature;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::summary::placeholders_in;
 use super::values::{Endpoint, Seconds, WebhookSecret};
@@ -183,6 +184,15 @@ fn default_approvers() -> Vec<String> {
 }
 
 impl FunctionConfig {
+    /// The function's signature: its parameters' names and JSON Schemas, in order. A paused run
+    /// that called the function resumes only while these are unchanged; the URL, secret,
+    /// timeout, retries, approval policy and summary may change under it.
+    pub fn signature(&self) -> Signature {
+        Signature::of(&Value::Array(
+            self.params.iter().map(|p| json!({ "name": p.name, "schema": p.schema.0 })).collect(),
+        ))
+    }
+
     /// Checks what spans several fields and returns the signing secret.
     pub(super) fn check(&self) -> Result<Vec<u8>, String> {
         let secret = match (&self.secret, &self.secret_env) {
