@@ -510,13 +510,106 @@ async fn a_hangup_reloads_functions_and_keys_while_a_pending_approval_completes(
     let done = finished(&dave, &id).await;
     assert_eq!(done["result"]["ok"], "added", "{done}");
 
-    // The automation that waited through both reloads completes, although a function it could
-    // call is gone (calling it now would fail with CONNECTOR_REMOVED).
+    // The automation that waited through both reloads completes: a function it never called is
+    // gone, another was added, and its continuation needs only the one it called.
     let accepted = bob.post(&format!("/v1/automations/{waiting}/decisions"), &decision(&approval, true)).await;
     assert_eq!(accepted.status, 202, "{}", accepted.text());
     let done = finished(&alice, &waiting).await;
     assert_eq!(done["result"]["refunded"], 5000, "{done}");
     assert_eq!(app.received("refund").len(), 1);
+}
+
+/// The configuration of `config(app)` without the function `name`.
+fn config_without(app: SocketAddr, name: &str) -> String {
+    let text = config(app);
+    let start = text.find(&format!("[functions.\"{name}\"]")).unwrap();
+    let end = text[start + 1..].find("\n[").map_or(text.len(), |at| start + 1 + at + 1);
+    format!("{}{}", &text[..start], &text[end..])
+}
+
+/// Restarts the server of `dir` with `text` as its configuration.
+async fn restart(mut server: Server, dir: &TempDir, text: &str) -> Server {
+    server.terminate(WAIT).await.expect("the server stops");
+    let path = write_config(dir, text);
+    Server::start_without_demo(dir, &["--config", &path.display().to_string()], &[])
+}
+
+/// The inbox page of automation `id`, as `key`'s holder sees it once signed in.
+async fn inbox_page(server: &Server, key: &str, id: &str) -> String {
+    let browser = server.client(None);
+    let form = format!("key={key}");
+    let headers = [("Content-Type", "application/x-www-form-urlencoded")];
+    let login = browser.send("POST", "/login", &headers, Some(form.as_bytes())).await;
+    assert_eq!(login.status, 303, "{}", login.text());
+    let cookie = login.header("set-cookie").unwrap().split(';').next().unwrap().to_owned();
+    let page = browser.send("GET", &format!("/automations/{id}"), &[("Cookie", cookie.as_str())], None).await;
+    assert_eq!(page.status, 200, "{}", page.text());
+    page.text()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_approval_survives_a_restart_with_another_function_and_a_new_url() {
+    let ((old_app, old_addr), (new_app, new_addr)) = (start_app().await, start_app().await);
+    let dir = TempDir::new("connector-upgrade");
+    let server = serve(&dir, old_addr);
+    let alice = server.client(Some("key-alice-0001"));
+    let id = submit(&alice, "const o = await billing.order('A-5'); return await billing.refund(o.id, 2500)").await;
+    let approval = pending(&alice, &id).await;
+    assert_eq!((old_app.received("order").len(), old_app.attempts("refund")), (1, 0));
+
+    // The next release: every connector at another address, the refund's timeout and summary
+    // changed, and one more function.
+    let refund_block = config(new_addr);
+    assert!(refund_block.contains("timeout = \"5s\"") && refund_block.contains("Refund {amount} on order"));
+    let upgraded = format!(
+        "{}\n[functions.\"ops.added\"]\nurl = \"http://{new_addr}/added\"\nsecret = \"{SECRET}\"\n",
+        refund_block
+            .replace("timeout = \"5s\"", "timeout = \"8s\"")
+            .replace("Refund {amount} on order", "Refund {amount} cents on")
+    );
+    let server = restart(server, &dir, &upgraded).await;
+    let (alice, bob) = (server.client(Some("key-alice-0001")), server.client(Some("key-bob-0001")));
+    assert!(function_names(&alice).await.contains(&"ops.added".to_owned()));
+
+    let accepted = bob.post(&format!("/v1/automations/{id}/decisions"), &decision(&approval, true)).await;
+    assert_eq!(accepted.status, 202, "{}", accepted.text());
+    let done = finished(&alice, &id).await;
+    assert_eq!((&done["status"], &done["result"]["refunded"]), (&json!("completed"), &json!(2500)), "{done}");
+    let refunds = new_app.received("refund");
+    assert_eq!(refunds.len(), 1, "one refund, at the new address: {refunds:?}");
+    assert_eq!(refunds[0].key, format!("{id}:interrupt-2"));
+    assert_eq!(refunds[0].body["arguments"], json!({ "order_id": "A-5", "amount": 2500 }));
+    assert_eq!(old_app.attempts("refund"), 0, "nothing was sent to the old address");
+    assert_eq!((old_app.received("order").len(), new_app.attempts("order")), (1, 0), "the order read was replayed");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pending_approval_whose_function_was_removed_fails_naming_it() {
+    let (app, addr) = start_app().await;
+    let dir = TempDir::new("connector-removed");
+    let server = serve(&dir, addr);
+    let alice = server.client(Some("key-alice-0001"));
+    let id = submit(&alice, "const o = await billing.order('A-6'); return await billing.refund(o.id, 2500)").await;
+    let approval = pending(&alice, &id).await;
+
+    let without = config_without(addr, "billing.refund");
+    assert!(!without.contains("billing.refund") && without.contains("[functions.\"billing.order\"]"));
+    let server = restart(server, &dir, &without).await;
+    let (alice, bob) = (server.client(Some("key-alice-0001")), server.client(Some("key-bob-0001")));
+    let accepted = bob.post(&format!("/v1/automations/{id}/decisions"), &decision(&approval, true)).await;
+    assert_eq!(accepted.status, 202, "{}", accepted.text());
+    let done = finished(&alice, &id).await;
+    assert_eq!(done["status"], "failed", "{done}");
+    assert_eq!(done["error"]["code"], "RUN_FUNCTION_REMOVED", "{done}");
+    let message = done["error"]["message"].as_str().unwrap();
+    assert!(message.contains("billing.refund"), "{message}");
+    assert_eq!(app.attempts("refund"), 0, "nothing was sent");
+    let page = inbox_page(&server, "key-alice-0001", &id).await;
+    assert!(page.contains("<code>RUN_FUNCTION_REMOVED</code>") && page.contains("billing.refund"), "{page}");
+
+    // Another automation of the same server is unaffected.
+    let other = submit(&alice, "return await billing.order('A-7')").await;
+    assert_eq!(finished(&alice, &other).await["result"]["total"], 5000);
 }
 
 /// `tsc` from `tests/typescript/node_modules` (`npm ci --prefix tests/typescript`), or why not.

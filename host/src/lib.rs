@@ -30,6 +30,7 @@ mod context;
 mod error;
 mod name;
 mod registry;
+mod signature;
 
 pub use args::{ArgsError, FromArgs};
 pub use cancel::CancelSignal;
@@ -39,3 +40,4 @@ pub use name::{IdentifierError, NameError, is_reserved_namespace, validate_funct
 pub use registry::{
     HostFunction, HostFunctions, HostFunctionsBuilder, HostFuture, HostResult, unknown_function_message,
 };
+pub use signature::Signature;

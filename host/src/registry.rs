@@ -1,7 +1,7 @@
 //! The registry of host functions a run may call.
 
 use crate::name::{NameError, parse_full_name};
-use crate::{FromArgs, HostCallContext, HostError};
+use crate::{FromArgs, HostCallContext, HostError, Signature};
 use serde_json::Value;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -21,11 +21,19 @@ pub type HostFunction = Arc<dyn Fn(HostCallContext, Vec<Value>) -> HostFuture + 
 /// An immutable, cheaply clonable set of namespaced host functions.
 ///
 /// Built once with [`HostFunctions::builder`] and shared by every run that may
-/// use it. The sorted list of names is part of a continuation's scope, so a run
-/// can only be resumed against the same set.
+/// use it. Each function has a [`Signature`]; a continuation records the signatures of the
+/// functions its ledger called, and resumes only where each of them is still registered with
+/// the same signature (adding or removing other functions does not matter).
 #[derive(Clone, Default)]
 pub struct HostFunctions {
-    functions: Arc<BTreeMap<String, HostFunction>>,
+    functions: Arc<BTreeMap<String, Registered>>,
+}
+
+/// A function and the signature it was registered with.
+#[derive(Clone)]
+struct Registered {
+    function: HostFunction,
+    signature: Signature,
 }
 
 impl HostFunctions {
@@ -46,7 +54,17 @@ impl HostFunctions {
 
     /// The function registered as `full_name`.
     pub fn get(&self, full_name: &str) -> Option<&HostFunction> {
-        self.functions.get(full_name)
+        self.functions.get(full_name).map(|registered| &registered.function)
+    }
+
+    /// The signature `full_name` was registered with.
+    pub fn signature(&self, full_name: &str) -> Option<&Signature> {
+        self.functions.get(full_name).map(|registered| &registered.signature)
+    }
+
+    /// Every full name with its signature, sorted by name.
+    pub fn signatures(&self) -> impl Iterator<Item = (&str, &Signature)> {
+        self.functions.iter().map(|(name, registered)| (name.as_str(), &registered.signature))
     }
 
     /// Every full name, sorted.
@@ -78,7 +96,7 @@ impl HostFunctions {
     /// Calls `full_name`; an unknown name fails with a message listing what exists.
     pub fn call(&self, full_name: &str, ctx: HostCallContext, args: Vec<Value>) -> HostFuture {
         match self.functions.get(full_name) {
-            Some(function) => function(ctx, args),
+            Some(registered) => (registered.function)(ctx, args),
             None => {
                 let err = HostError::new(self.unknown_function_message(full_name));
                 Box::pin(async move { Err(err) })
@@ -111,19 +129,31 @@ pub fn unknown_function_message<'a>(full_name: &str, available: impl Iterator<It
 /// Collects host functions; names are checked by [`build`](HostFunctionsBuilder::build).
 #[derive(Default)]
 pub struct HostFunctionsBuilder {
-    functions: BTreeMap<String, HostFunction>,
+    functions: BTreeMap<String, Registered>,
     errors: Vec<NameError>,
 }
 
 impl HostFunctionsBuilder {
-    /// Registers a function taking raw JSON arguments.
-    pub fn function<F, Fut>(mut self, full_name: &str, function: F) -> Self
+    /// Registers a function taking raw JSON arguments, without a declared parameter list
+    /// ([`Signature::untyped`]).
+    pub fn function<F, Fut>(self, full_name: &str, function: F) -> Self
+    where
+        F: Fn(HostCallContext, Vec<Value>) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = HostResult> + Send + 'static,
+    {
+        self.function_with_signature(full_name, Signature::untyped(), function)
+    }
+
+    /// Registers a function taking raw JSON arguments whose parameters `signature` declares
+    /// (for one that checks its arguments itself, or that wraps another function and keeps
+    /// its signature).
+    pub fn function_with_signature<F, Fut>(mut self, full_name: &str, signature: Signature, function: F) -> Self
     where
         F: Fn(HostCallContext, Vec<Value>) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = HostResult> + Send + 'static,
     {
         let function: HostFunction = Arc::new(move |ctx, args| Box::pin(function(ctx, args)));
-        self.insert(full_name, function);
+        self.insert(full_name, Registered { function, signature });
         self
     }
 
@@ -132,6 +162,8 @@ impl HostFunctionsBuilder {
     /// `arg_names` names each element of the tuple `A`, so a bad call is refused
     /// with a catchable `RUN_HOST_FUNCTION_ERROR` such as
     /// `orders.refund: argument 2 (amount): invalid type: string "10", expected u64`.
+    /// The names, in order, are the function's signature ([`Signature::named`]): renaming,
+    /// adding or reordering them stops paused runs that called it from resuming.
     pub fn typed<A, F, Fut, const N: usize>(mut self, full_name: &str, arg_names: [&str; N], function: F) -> Self
     where
         A: FromArgs,
@@ -145,6 +177,7 @@ impl HostFunctionsBuilder {
             });
             return self;
         }
+        let signature = Signature::named(&arg_names);
         let names: Arc<[String]> = arg_names.iter().map(|s| s.to_string()).collect();
         let label: Arc<str> = full_name.into();
         let function = Arc::new(function);
@@ -155,14 +188,14 @@ impl HostFunctionsBuilder {
                 Box::pin(async move { Err(err) })
             }
         });
-        self.insert(full_name, wrapped);
+        self.insert(full_name, Registered { function: wrapped, signature });
         self
     }
 
-    fn insert(&mut self, full_name: &str, function: HostFunction) {
+    fn insert(&mut self, full_name: &str, registered: Registered) {
         if let Err(err) = parse_full_name(full_name) {
             self.errors.push(err);
-        } else if self.functions.insert(full_name.to_string(), function).is_some() {
+        } else if self.functions.insert(full_name.to_string(), registered).is_some() {
             self.errors.push(NameError { name: full_name.to_string(), reason: "registered twice".into() });
         }
     }
@@ -201,6 +234,24 @@ mod tests {
         assert!(failure.message.contains("argument 2 (amount)"), "{}", failure.message);
         let err = host.call("orders.nope", ctx("orders.nope"), vec![]).await.unwrap_err();
         assert_eq!(err.to_string(), "unknown host function orders.nope; available: orders.refund");
+    }
+
+    #[test]
+    fn functions_keep_the_signature_they_were_registered_with() {
+        let noop = |_: HostCallContext, _: Vec<Value>| async { Ok(Value::Null) };
+        let declared = Signature::of(&json!([{ "name": "id", "schema": { "type": "string" } }]));
+        let host = HostFunctions::builder()
+            .typed("orders.refund", ["order_id", "amount"], |_, (_id, _n): (String, u64)| async { Ok(Value::Null) })
+            .function("orders.list", noop)
+            .function_with_signature("orders.get", declared.clone(), noop)
+            .build()
+            .unwrap();
+        assert_eq!(host.signature("orders.refund"), Some(&Signature::named(&["order_id", "amount"])));
+        assert_eq!(host.signature("orders.list"), Some(&Signature::untyped()));
+        assert_eq!(host.signature("orders.get"), Some(&declared));
+        assert_eq!(host.signature("orders.nope"), None);
+        let names: Vec<&str> = host.signatures().map(|(name, _)| name).collect();
+        assert_eq!(names, ["orders.get", "orders.list", "orders.refund"]);
     }
 
     #[test]

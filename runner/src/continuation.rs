@@ -177,12 +177,13 @@ fn new_key() -> Result<[u8; 32], RunError> {
 }
 
 impl ContinuationCodec {
-    /// Encodes `state` as a token for `audience`.
+    /// Encodes `state` as a token for `audience`, issued at `now`.
     pub(crate) async fn issue(
         &self,
         state: &ContinuationState,
         audience: &str,
         limits: &Limits,
+        now: SystemTime,
     ) -> Result<String, RunError> {
         let bytes = compress(&state.encode());
         let limit = limits.get(Limit::Continuation);
@@ -194,34 +195,37 @@ impl ContinuationCodec {
         };
         let within = |token: String| if token.len() as u64 > limit { Err(too_large(token.len())) } else { Ok(token) };
         match self {
-            ContinuationCodec::Signed(codec) => within(codec.encode(&bytes, audience, SystemTime::now())),
-            ContinuationCodec::Sealed(codec) => within(codec.encode(&bytes, audience, SystemTime::now())),
+            ContinuationCodec::Signed(codec) => within(codec.encode(&bytes, audience, now)),
+            ContinuationCodec::Sealed(codec) => within(codec.encode(&bytes, audience, now)),
             ContinuationCodec::Stored(codec) => {
                 if bytes.len() as u64 > limit {
                     return Err(too_large(bytes.len()));
                 }
                 let key = new_key()?;
-                let record = StoredContinuation {
-                    audience: audience.to_string(),
-                    expires_at: SystemTime::now() + codec.ttl,
-                    state: bytes,
-                };
+                let record =
+                    StoredContinuation { audience: audience.to_string(), expires_at: now + codec.ttl, state: bytes };
                 codec.store.set(key, record).await.map_err(store_error)?;
                 Ok(URL_SAFE_NO_PAD.encode(key))
             }
         }
     }
 
-    /// Verifies `token` for `audience` and decodes its state; a stored token is claimed.
+    /// Verifies `token` for `audience` at `now` and decodes its state; a stored token is claimed
+    /// (its store checks its expiry by its own clock).
     ///
     /// A signed token in chunks is opened for a run that overlaps its parts
     /// ([`Opened::Streamed`]): everything but its state is authenticated here, and its state is
     /// authenticated chunk by chunk as it is decoded.
-    pub(crate) async fn open(&self, token: &Arc<str>, audience: &str, limits: &Limits) -> Result<Opened, RunError> {
+    pub(crate) async fn open(
+        &self,
+        token: &Arc<str>,
+        audience: &str,
+        limits: &Limits,
+        now: SystemTime,
+    ) -> Result<Opened, RunError> {
         if token.len() as u64 > limits.get(Limit::Continuation) {
             return Err(rejected("token is larger than the continuation limit"));
         }
-        let now = SystemTime::now();
         let decoded = match self {
             ContinuationCodec::Signed(codec) => match codec.open(token, audience, now).map_err(token_error)? {
                 SignedState::Chunked(chunked) => {
@@ -241,9 +245,15 @@ impl ContinuationCodec {
     /// Verifies `token` and describes it without using it (no audience is
     /// needed: inspection is for whoever holds the secret or the store).
     pub async fn inspect(&self, token: &str) -> Result<Inspection, RunError> {
+        self.inspect_at(token, SystemTime::now()).await
+    }
+
+    /// [`inspect`](Self::inspect) with the time taken to be `now` (a stored token's expiry is
+    /// checked by its store's clock).
+    pub async fn inspect_at(&self, token: &str, now: SystemTime) -> Result<Inspection, RunError> {
         let (header, state) = match self {
-            ContinuationCodec::Signed(codec) => unpack(codec.decode_unscoped(token, SystemTime::now()))?,
-            ContinuationCodec::Sealed(codec) => unpack(codec.decode_unscoped(token, SystemTime::now()))?,
+            ContinuationCodec::Signed(codec) => unpack(codec.decode_unscoped(token, now))?,
+            ContinuationCodec::Sealed(codec) => unpack(codec.decode_unscoped(token, now))?,
             ContinuationCodec::Stored(codec) => {
                 let record = codec.store.peek(parse_key(token)?).await.map_err(store_error)?;
                 let header = TokenHeader {

@@ -35,13 +35,17 @@ pub enum ErrorCode {
     SerializationError,
     /// The continuation or resolutions do not fit this run: tampered, expired, other scope, diverged.
     ProtocolError,
+    /// The continuation's ledger called a host function that the run no longer has.
+    FunctionRemoved,
+    /// The continuation's ledger called a host function whose parameters changed since.
+    FunctionChanged,
     /// The runner is not configured for what the run needs (e.g. an interrupt without a secret).
     ConfigurationError,
 }
 
 impl ErrorCode {
     /// Every code, for documentation and tests.
-    pub const ALL: [ErrorCode; 14] = [
+    pub const ALL: [ErrorCode; 16] = [
         ErrorCode::Error,
         ErrorCode::Aborted,
         ErrorCode::Timeout,
@@ -55,6 +59,8 @@ impl ErrorCode {
         ErrorCode::DetachedBridgeRequest,
         ErrorCode::SerializationError,
         ErrorCode::ProtocolError,
+        ErrorCode::FunctionRemoved,
+        ErrorCode::FunctionChanged,
         ErrorCode::ConfigurationError,
     ];
 
@@ -74,6 +80,8 @@ impl ErrorCode {
             ErrorCode::DetachedBridgeRequest => "RUN_DETACHED_BRIDGE_REQUEST",
             ErrorCode::SerializationError => "RUN_SERIALIZATION_ERROR",
             ErrorCode::ProtocolError => "RUN_PROTOCOL_ERROR",
+            ErrorCode::FunctionRemoved => "RUN_FUNCTION_REMOVED",
+            ErrorCode::FunctionChanged => "RUN_FUNCTION_CHANGED",
             ErrorCode::ConfigurationError => "RUN_CONFIGURATION_ERROR",
         }
     }

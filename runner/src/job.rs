@@ -6,6 +6,7 @@ use crate::ledger_feed::LedgerFeed;
 use crate::limits::Limits;
 use crate::link::HostLink;
 use crate::outcome::{ConsoleLine, Interruption};
+use crate::scope::Scope;
 use crate::state::LedgerEntry;
 use resumable_host::HostResult;
 use serde::{Deserialize, Serialize};
@@ -22,8 +23,9 @@ use std::time::Duration;
 pub(crate) struct PreparedRun {
     pub source: Arc<str>,
     pub source_hash: [u8; 32],
-    /// The scope (audience, context, host functions) a continuation must have been made for.
-    pub scope_hash: [u8; 32],
+    /// The scope (audience, context, host functions and their signatures) a continuation must
+    /// have been made for, and that one made of this run is bound to.
+    pub scope: Scope,
     /// Sorted full names of the host functions the script may call.
     pub functions: Arc<[String]>,
     pub limits: Limits,

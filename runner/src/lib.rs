@@ -2,6 +2,7 @@
 //! and continuations.
 
 mod bytecode_cache;
+mod clock;
 pub mod codec;
 mod continuation;
 mod determinism;
@@ -16,11 +17,13 @@ mod limits;
 mod link;
 mod outcome;
 mod sandbox;
+mod scope;
 mod state;
 mod store;
 mod text;
 
 pub use bytecode_cache::{BytecodeCacheConfig, RunnerStats};
+pub use clock::Clock;
 pub use error::{ConfigError, ErrorCode, RunError, UnknownErrorCode};
 pub use event::{CallSettlement, EVENT_VALUE_BYTES, EventError, RunEvent};
 pub use event_queue::EVENT_QUEUE_CAPACITY;

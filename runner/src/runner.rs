@@ -1,6 +1,7 @@
 //! The public entry point: a [`Runner`] executes [`RunRequest`]s.
 
 use crate::bytecode_cache::{BytecodeCacheConfig, RunnerStats, StatsCounters};
+use crate::clock::Clock;
 use crate::continuation::{Claim, ContinuationCodec, Inspection, Opened, StateStream};
 use crate::determinism::{fresh_seed, wall_clock_ms};
 use crate::error::{ConfigError, ErrorCode, RunError};
@@ -13,8 +14,9 @@ use crate::link::{HostLink, LocalHost};
 use crate::outcome::{Completion, Outcome, Resolution, Suspension};
 use crate::pool::{Pool, Task, answer_soon};
 use crate::process::{ProcessConfig, ProcessJob, ProcessPool};
+use crate::scope::Scope;
 use crate::state::{
-    CallOutcome, ContinuationState, LedgerEntry, StateHead, check_head, scope_hash, source_hash, unknown_interruption,
+    CallOutcome, ContinuationState, LedgerEntry, StateHead, check_head, source_hash, unknown_interruption,
 };
 use base64::Engine as _;
 use resumable_host::{CancelSignal, HostFunctions};
@@ -38,6 +40,7 @@ pub struct RunnerConfig {
     codec: Option<ContinuationCodec>,
     processes: Option<ProcessConfig>,
     bytecode_cache: BytecodeCacheConfig,
+    clock: Clock,
 }
 
 impl Default for RunnerConfig {
@@ -49,6 +52,7 @@ impl Default for RunnerConfig {
             codec: None,
             processes: None,
             bytecode_cache: BytecodeCacheConfig::default(),
+            clock: Clock::system(),
         }
     }
 }
@@ -103,6 +107,14 @@ impl RunnerConfig {
         self.codec = Some(codec.into());
         self
     }
+
+    /// The clock continuations are issued and checked by (the system clock unless set): a
+    /// token's issue time, expiry and age, a stored token's lifetime. A stored token's expiry is
+    /// also checked by its store, with the store's own clock.
+    pub fn clock(mut self, clock: Clock) -> Self {
+        self.clock = clock;
+        self
+    }
 }
 
 impl fmt::Debug for RunnerConfig {
@@ -113,6 +125,7 @@ impl fmt::Debug for RunnerConfig {
             .field("limits", &self.limits)
             .field("codec", &self.codec)
             .field("bytecode_cache", &self.bytecode_cache)
+            .field("clock", &self.clock)
             .finish()
     }
 }
@@ -225,6 +238,7 @@ struct Inner {
     limits: Limits,
     codec: Option<ContinuationCodec>,
     bytecode_cache: BytecodeCacheConfig,
+    clock: Clock,
     stats: Arc<StatsCounters>,
 }
 
@@ -262,8 +276,14 @@ impl Runner {
                 )))
             }
         };
-        let inner =
-            Inner { backend, limits: config.limits, codec: config.codec, bytecode_cache: config.bytecode_cache, stats };
+        let inner = Inner {
+            backend,
+            limits: config.limits,
+            codec: config.codec,
+            bytecode_cache: config.bytecode_cache,
+            clock: config.clock,
+            stats,
+        };
         Ok(Runner { inner: Arc::new(inner) })
     }
 
@@ -326,12 +346,12 @@ impl Runner {
             ));
         }
         let source_hash = source_hash(&request.source);
-        let scope = scope_hash(&request.audience, request.host.names(), &request.context, &source_hash);
+        let scope = Scope::new(&request.audience, &request.host, &request.context, &source_hash);
         let (replay, claim, rest) = self.replay(request, &limits, &source_hash, &scope).await?;
         let run = PreparedRun {
             source: request.source.clone(),
             source_hash,
-            scope_hash: scope,
+            scope,
             functions: request.host.names().map(str::to_string).collect(),
             limits,
             replay,
@@ -353,7 +373,7 @@ impl Runner {
         rest: Option<StateStream>,
         events: Option<Arc<EventQueue>>,
     ) -> Result<Outcome, RunError> {
-        let (source_hash, scope, limits) = (run.source_hash, run.scope_hash, run.limits);
+        let (source_hash, scope, limits) = (run.source_hash, run.scope.clone(), run.limits);
         let mut seed = run.replay.seed;
         let mut start_clock = run.replay.start_clock;
         let mut logical_run_id = run.replay.logical_run_id.clone();
@@ -384,16 +404,18 @@ impl Runner {
         match raw? {
             RawOutcome::Completed { value, console } => Ok(Outcome::Completed(Completion { value, console })),
             RawOutcome::Interrupted { ledger, interruptions, console } => {
+                let functions = scope.used_by(&ledger)?;
                 let state = ContinuationState {
                     source_hash,
-                    scope_hash: scope,
+                    scope_hash: scope.hash(&functions),
                     logical_run_id: logical_run_id.to_string(),
                     seed,
                     start_clock,
+                    functions: Some(functions),
                     ledger,
                 };
                 let codec = self.inner.codec.as_ref().ok_or_else(no_codec)?;
-                let continuation = codec.issue(&state, &request.audience, &limits).await?;
+                let continuation = codec.issue(&state, &request.audience, &limits, self.inner.clock.now()).await?;
                 Ok(Outcome::Interrupted(Suspension {
                     interruptions,
                     continuation,
@@ -464,7 +486,7 @@ impl Runner {
     /// Verifies `token` (signature, expiry, store state) and describes its pending
     /// interruptions without consuming anything.
     pub async fn inspect(&self, token: &str) -> Result<Inspection, RunError> {
-        self.inner.codec.as_ref().ok_or_else(no_codec)?.inspect(token).await
+        self.inner.codec.as_ref().ok_or_else(no_codec)?.inspect_at(token, self.inner.clock.now()).await
     }
 
     /// Verifies the continuation and resolutions (claiming a stored token), or
@@ -474,7 +496,7 @@ impl Runner {
         request: &RunRequest,
         limits: &Limits,
         source: &[u8; 32],
-        scope: &[u8; 32],
+        scope: &Scope,
     ) -> Result<(Replay, Option<Arc<Claim>>, Option<StateStream>), RunError> {
         let Some(token) = &request.continuation else {
             return Ok((fresh_replay(request)?, None, None));
@@ -485,7 +507,7 @@ impl Runner {
         }
         let codec = self.inner.codec.as_ref().ok_or_else(no_codec)?;
         // A worker can replay a continuation while this thread authenticates and decodes its state.
-        match codec.open(token, &request.audience, limits).await? {
+        match codec.open(token, &request.audience, limits, self.inner.clock.now()).await? {
             Opened::Whole { state, claim } => match resumed_replay(state, request, limits, source, scope) {
                 Ok(replay) => Ok((replay, claim, None)),
                 Err(error) => {
@@ -554,7 +576,7 @@ fn resumed_replay(
     request: &RunRequest,
     limits: &Limits,
     source: &[u8; 32],
-    scope: &[u8; 32],
+    scope: &Scope,
 ) -> Result<Replay, RunError> {
     let (head, ledger) = state.into_parts();
     check_head(&head, source, scope, limits)?;

@@ -1,7 +1,22 @@
 //! What a continuation records, and its compact binary form.
 //!
 //! The state is encoded as a versioned binary record (LEB128 lengths, raw
-//! UTF-8, little-endian floats) rather than JSON: JSON values recorded from
+//! UTF-8, little-endian floats) rather than JSON. Format 2, which this release writes:
+//!
+//! ```text
+//! "RSv1" (magic)  uint version = 2
+//! source hash (32 bytes)  scope hash (32 bytes)  text logical run id
+//! seed (u64 LE)  start clock (f64 LE)
+//! uint n  n × (text function name, signature digest (32 bytes))   names sorted, unique
+//! uint count  count × entry
+//! CRC-32 (u32 LE) of everything before it
+//! ```
+//!
+//! where an entry is `text function, text arguments, outcome, settle order, clock (f64 LE)`
+//! and a text is a uint length and UTF-8. The list of functions is exactly the set of functions
+//! the entries call, each with the digest of its signature (see [`crate::scope`]). Format 1,
+//! written by earlier releases, has no list (its scope hash covers every host-function name
+//! of the run); it is still read. JSON values recorded from
 //! host calls are kept as their exact text, so decoding a large ledger is
 //! little more than a bounds-checked copy. Decoding is strict: a CRC-32 trailer
 //! must match (so corruption, or a byte changed by whoever holds the key, is
@@ -16,14 +31,20 @@ use std::sync::Arc;
 use crate::error::{ErrorCode, RunError};
 use crate::leb128::{self, Leb128Error};
 use crate::limits::{Limit, Limits};
+use crate::scope::{Scope, UsedFunction};
 use crate::text::clip;
 
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-/// Version of the state record.
-pub(crate) const STATE_VERSION: u32 = 1;
+/// Version of the state record this release writes: it lists the functions its ledger calls.
+pub(crate) const STATE_VERSION: u64 = 2;
+/// Version of the state record of earlier releases, without that list; still read.
+pub(crate) const LEGACY_STATE_VERSION: u64 = 1;
+/// The first bytes of every state (of every version: the version follows).
 const MAGIC: &[u8; 4] = b"RSv1";
+/// The fewest bytes a listed function takes: a length byte, `a.b`, a digest.
+const MIN_FUNCTION_BYTES: usize = 1 + 3 + 32;
 
 /// How one host call ended.
 #[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
@@ -156,6 +177,9 @@ pub(crate) struct ContinuationState {
     pub logical_run_id: String,
     pub seed: u64,
     pub start_clock: f64,
+    /// The functions the ledger calls with their signatures, sorted by name (format 2); `None`
+    /// for a state of format 1, which is encoded in that format again.
+    pub functions: Option<Vec<UsedFunction>>,
     pub ledger: Vec<LedgerEntry>,
 }
 
@@ -169,12 +193,19 @@ impl ContinuationState {
         let payload: usize = self.ledger.iter().map(|e| e.function.len() + e.arguments.len() + 64).sum();
         let mut w = Writer(Vec::with_capacity(payload + 128));
         w.0.extend_from_slice(MAGIC);
-        w.uint(STATE_VERSION as u64);
+        w.uint(if self.functions.is_some() { STATE_VERSION } else { LEGACY_STATE_VERSION });
         w.0.extend_from_slice(&self.source_hash);
         w.0.extend_from_slice(&self.scope_hash);
         w.text(&self.logical_run_id);
         w.0.extend_from_slice(&self.seed.to_le_bytes());
         w.0.extend_from_slice(&self.start_clock.to_le_bytes());
+        if let Some(functions) = &self.functions {
+            w.uint(functions.len() as u64);
+            for function in functions {
+                w.text(&function.name);
+                w.0.extend_from_slice(&function.signature);
+            }
+        }
         w.uint(self.ledger.len() as u64);
         for entry in &self.ledger {
             w.text(&entry.function);
@@ -239,14 +270,15 @@ impl ContinuationState {
 
     /// The state made of `head` (whose count is not kept) and `ledger`.
     pub(crate) fn from_parts(head: StateHead, ledger: Vec<LedgerEntry>) -> Self {
-        let StateHead { source_hash, scope_hash, logical_run_id, seed, start_clock, count: _ } = head;
-        ContinuationState { source_hash, scope_hash, logical_run_id, seed, start_clock, ledger }
+        let StateHead { source_hash, scope_hash, logical_run_id, seed, start_clock, functions, count: _ } = head;
+        ContinuationState { source_hash, scope_hash, logical_run_id, seed, start_clock, functions, ledger }
     }
 
     /// The head (counting the ledger) and the ledger.
     pub(crate) fn into_parts(self) -> (StateHead, Vec<LedgerEntry>) {
-        let ContinuationState { source_hash, scope_hash, logical_run_id, seed, start_clock, ledger } = self;
-        (StateHead { source_hash, scope_hash, logical_run_id, seed, start_clock, count: ledger.len() }, ledger)
+        let ContinuationState { source_hash, scope_hash, logical_run_id, seed, start_clock, functions, ledger } = self;
+        let count = ledger.len();
+        (StateHead { source_hash, scope_hash, logical_run_id, seed, start_clock, functions, count }, ledger)
     }
 }
 
@@ -258,6 +290,9 @@ pub(crate) struct StateHead {
     pub logical_run_id: String,
     pub seed: u64,
     pub start_clock: f64,
+    /// The functions the ledger calls with their signatures, sorted by name; `None` in a state
+    /// of format 1.
+    pub functions: Option<Vec<UsedFunction>>,
     /// How many ledger entries follow.
     pub count: usize,
 }
@@ -283,6 +318,8 @@ pub(crate) struct StateParser {
     next_index: usize,
     /// Settle orders seen so far.
     settles: Vec<u32>,
+    /// The names the state lists (format 2), each with whether an entry calls it so far.
+    listed: Option<Vec<(String, bool)>>,
     /// Checksum of the bytes before `checked`; `None` when the checksum is not checked.
     crc: Option<crc32fast::Hasher>,
     checked: usize,
@@ -297,6 +334,7 @@ impl StateParser {
             remaining: None,
             next_index: 1,
             settles: Vec::new(),
+            listed: None,
             crc: Some(crc32fast::Hasher::new()),
             checked: 0,
         }
@@ -333,8 +371,18 @@ impl StateParser {
             };
             self.pos = r.pos;
             match &item {
-                Parsed::Head(head) => self.remaining = Some(head.count),
+                Parsed::Head(head) => {
+                    self.remaining = Some(head.count);
+                    self.listed = head.functions.as_ref().map(|f| f.iter().map(|f| (f.name.clone(), false)).collect());
+                }
                 Parsed::Entry(entry) => {
+                    if let Some(listed) = &mut self.listed {
+                        let Ok(at) = listed.binary_search_by(|(name, _)| name.as_str().cmp(&entry.function)) else {
+                            let index = self.next_index;
+                            return Err(StateError::from(format!("call {index}: its function is not listed")));
+                        };
+                        listed[at].1 = true;
+                    }
                     self.settles.extend(entry.settle_order);
                     self.next_index += 1;
                     self.remaining = self.remaining.map(|n| n - 1);
@@ -362,6 +410,9 @@ impl StateParser {
         if self.settles.iter().enumerate().any(|(i, &s)| s != i as u32) {
             return Err("settle orders are not a permutation".into());
         }
+        if self.listed.is_some_and(|listed| listed.iter().any(|(_, called)| !called)) {
+            return Err("the state lists a function that no call calls".into());
+        }
         Ok(())
     }
 }
@@ -372,7 +423,7 @@ fn read_head(r: &mut Reader<'_>, total: usize) -> Result<StateHead, StateError> 
         return Err("not a continuation state".into());
     }
     let version = r.uint()?;
-    if version != STATE_VERSION as u64 {
+    if version != STATE_VERSION && version != LEGACY_STATE_VERSION {
         return Err(StateError::from(format!("unsupported state version {version}")));
     }
     let source_hash = r.array32()?;
@@ -383,12 +434,31 @@ fn read_head(r: &mut Reader<'_>, total: usize) -> Result<StateHead, StateError> 
     }
     let seed = u64::from_le_bytes(r.array8()?);
     let start_clock = r.clock()?;
+    let functions = if version == STATE_VERSION { Some(read_functions(r, total)?) } else { None };
     let count = r.uint()?;
     // Each entry takes at least 13 bytes, so a count larger than that cannot be honest.
     if count > (total.saturating_sub(4) / 13) as u64 {
         return Err("ledger length exceeds the state".into());
     }
-    Ok(StateHead { source_hash, scope_hash, logical_run_id, seed, start_clock, count: count as usize })
+    Ok(StateHead { source_hash, scope_hash, logical_run_id, seed, start_clock, functions, count: count as usize })
+}
+
+/// The functions a state of format 2 lists, sorted and unique.
+fn read_functions(r: &mut Reader<'_>, total: usize) -> Result<Vec<UsedFunction>, StateError> {
+    let n = r.uint()?;
+    if n > (total / MIN_FUNCTION_BYTES) as u64 {
+        return Err("function list exceeds the state".into());
+    }
+    let mut functions: Vec<UsedFunction> = Vec::with_capacity(n as usize);
+    for _ in 0..n {
+        let name = r.text()?.to_string();
+        check_function_name(&name)?;
+        if functions.last().is_some_and(|last| last.name >= name) {
+            return Err("the state's functions are not sorted and unique".into());
+        }
+        functions.push(UsedFunction { name, signature: r.array32()? });
+    }
+    Ok(functions)
 }
 
 /// Ledger entry `index` (from 1).
@@ -577,77 +647,14 @@ pub(crate) fn source_hash(source: &str) -> [u8; 32] {
     Sha256::digest(source.as_bytes()).into()
 }
 
-/// Binds a continuation to (audience, sorted host-function names, context, source).
-pub(crate) fn scope_hash<'a>(
-    audience: &str,
-    function_names: impl Iterator<Item = &'a str>,
-    context: &Value,
-    source_hash: &[u8; 32],
-) -> [u8; 32] {
-    let mut h = Sha256::new();
-    let mut field = |bytes: &[u8]| {
-        h.update((bytes.len() as u64).to_le_bytes());
-        h.update(bytes);
-    };
-    field(b"resumable-scope-v1");
-    field(audience.as_bytes());
-    let mut names: Vec<&str> = function_names.collect();
-    names.sort_unstable();
-    field(names.join("\n").as_bytes());
-    let mut canonical = String::new();
-    canonical_json(context, &mut canonical);
-    field(canonical.as_bytes());
-    field(source_hash);
-    h.finalize().into()
-}
-
-/// JSON with object keys sorted, independent of how `serde_json` orders maps.
-pub(crate) fn canonical_json(value: &Value, out: &mut String) {
-    match value {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort_unstable();
-            out.push('{');
-            for (i, key) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                crate::sandbox::write_json_string(out, key);
-                out.push(':');
-                canonical_json(&map[key], out);
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                canonical_json(item, out);
-            }
-            out.push(']');
-        }
-        other => out.push_str(&other.to_string()),
-    }
-}
-
-/// Checks the head of a continuation's state against a run: made for its source and scope,
-/// recording no more calls than its limit.
-pub(crate) fn check_head(
-    head: &StateHead,
-    source: &[u8; 32],
-    scope: &[u8; 32],
-    limits: &Limits,
-) -> Result<(), RunError> {
+/// Checks the head of a continuation's state against a run: made for its source and scope
+/// (with every function it called still there, unchanged), recording no more calls than its
+/// limit.
+pub(crate) fn check_head(head: &StateHead, source: &[u8; 32], scope: &Scope, limits: &Limits) -> Result<(), RunError> {
     if &head.source_hash != source {
         return Err(RunError::protocol("continuation rejected: it was made for a different source"));
     }
-    if &head.scope_hash != scope {
-        return Err(RunError::protocol(
-            "continuation rejected: it was made for a different scope (audience, context or host functions)",
-        ));
-    }
+    scope.check(head)?;
     if head.count as u64 > limits.get(Limit::HostCalls) {
         return Err(RunError::new(ErrorCode::BridgeLimit, "the continuation records more host calls than the limit"));
     }
@@ -668,7 +675,6 @@ pub(crate) fn unknown_interruption(id: &str) -> RunError {
 mod tests {
     use super::*;
     use proptest::prelude::*;
-    use serde_json::json;
 
     proptest! {
         /// The shortcut only ever accepts what the JSON parser accepts, as the same string.
@@ -696,6 +702,10 @@ mod tests {
         }
     }
 
+    fn listed(name: &str, signature: u8) -> UsedFunction {
+        UsedFunction { name: name.into(), signature: [signature; 32] }
+    }
+
     fn sample() -> ContinuationState {
         ContinuationState {
             source_hash: source_hash("return 1"),
@@ -703,6 +713,7 @@ mod tests {
             logical_run_id: "run-1".into(),
             seed: 99,
             start_clock: 1.7e12,
+            functions: Some(vec![listed("tools.a", 1), listed("tools.b", 2), listed("tools.c", 3)]),
             ledger: vec![
                 LedgerEntry {
                     function: "tools.a".into(),
@@ -750,26 +761,90 @@ mod tests {
         Ok(ContinuationState::from_parts(head, ledger))
     }
 
+    /// The sample as a state of format 1 (no list of functions).
+    fn legacy_sample() -> ContinuationState {
+        ContinuationState { functions: None, ..sample() }
+    }
+
     #[test]
     fn round_trips() {
-        let state = sample();
-        assert_eq!(ContinuationState::decode(&state.encode()).unwrap(), state);
-        for piece in [1, 2, 7, 64, 1 << 20] {
-            assert_eq!(streamed(&state.encode(), piece).unwrap(), state, "{piece} bytes at a time");
+        for state in [sample(), legacy_sample()] {
+            assert_eq!(ContinuationState::decode(&state.encode()).unwrap(), state);
+            for piece in [1, 2, 7, 64, 1 << 20] {
+                assert_eq!(streamed(&state.encode(), piece).unwrap(), state, "{piece} bytes at a time");
+            }
         }
+        assert_eq!(sample().encode()[4], STATE_VERSION as u8);
+        assert_eq!(legacy_sample().encode()[4], LEGACY_STATE_VERSION as u8);
+    }
+
+    #[test]
+    fn the_encoding_of_format_2_is_as_documented() {
+        let state = ContinuationState {
+            source_hash: [1; 32],
+            scope_hash: [2; 32],
+            logical_run_id: "r".into(),
+            seed: 3,
+            start_clock: 0.0,
+            functions: Some(vec![listed("t.f", 4)]),
+            ledger: vec![LedgerEntry {
+                function: "t.f".into(),
+                arguments: "[]".into(),
+                outcome: CallOutcome::Interrupted("1".into()),
+                settle_order: None,
+                clock: 0.0,
+            }],
+        };
+        let mut expected = b"RSv1\x02".to_vec();
+        expected.extend([1; 32]);
+        expected.extend([2; 32]);
+        expected.extend(b"\x01r");
+        expected.extend(3u64.to_le_bytes());
+        expected.extend(0f64.to_le_bytes());
+        expected.extend(b"\x01\x03t.f");
+        expected.extend([4; 32]);
+        expected.extend(b"\x01\x03t.f\x02[]\x02\x011\x00");
+        expected.extend(0f64.to_le_bytes());
+        expected.extend(crc32fast::hash(&expected).to_le_bytes());
+        assert_eq!(state.encode(), expected);
+    }
+
+    #[test]
+    fn the_list_of_functions_must_be_the_functions_called() {
+        let refused = |state: ContinuationState, why: &str| {
+            let bytes = state.encode();
+            assert!(ContinuationState::decode(&bytes).unwrap_err().0.contains(why), "{why}");
+            assert!(streamed(&bytes, 3).unwrap_err().0.contains(why), "{why}, streamed");
+        };
+        let mut unlisted = sample();
+        unlisted.functions.as_mut().unwrap().remove(1);
+        refused(unlisted, "call 2: its function is not listed");
+        let mut uncalled = sample();
+        uncalled.functions.as_mut().unwrap().push(listed("tools.d", 4));
+        refused(uncalled, "lists a function that no call calls");
+        let mut unsorted = sample();
+        unsorted.functions.as_mut().unwrap().swap(0, 1);
+        refused(unsorted, "not sorted and unique");
+        let mut twice = sample();
+        twice.functions.as_mut().unwrap().insert(0, listed("tools.a", 1));
+        refused(twice, "not sorted and unique");
+        let mut bad_name = sample();
+        bad_name.functions.as_mut().unwrap()[0].name = "nope".into();
+        refused(bad_name, "invalid function name");
     }
 
     #[test]
     fn every_truncation_and_extension_is_refused() {
-        let bytes = sample().encode();
-        for cut in 0..bytes.len() {
-            assert!(ContinuationState::decode(&bytes[..cut]).is_err(), "cut at {cut}");
-            assert!(streamed(&bytes[..cut], 1 + cut % 5).is_err(), "cut at {cut}, streamed");
+        for bytes in [sample().encode(), legacy_sample().encode()] {
+            for cut in 0..bytes.len() {
+                assert!(ContinuationState::decode(&bytes[..cut]).is_err(), "cut at {cut}");
+                assert!(streamed(&bytes[..cut], 1 + cut % 5).is_err(), "cut at {cut}, streamed");
+            }
+            let mut longer = bytes.clone();
+            longer.push(0);
+            assert!(ContinuationState::decode(&longer).is_err());
+            assert!(streamed(&longer, 3).is_err());
         }
-        let mut longer = bytes.clone();
-        longer.push(0);
-        assert!(ContinuationState::decode(&longer).is_err());
-        assert!(streamed(&longer, 3).is_err());
     }
 
     #[test]
@@ -809,16 +884,5 @@ mod tests {
         let mut state = sample();
         state.ledger[2].settle_order = Some(2);
         assert!(ContinuationState::decode(&state.encode()).is_err());
-    }
-
-    #[test]
-    fn scope_hash_depends_on_every_part() {
-        let src = source_hash("x");
-        let base = scope_hash("a", ["t.f", "t.g"].into_iter(), &json!({"k": 1}), &src);
-        assert_eq!(base, scope_hash("a", ["t.g", "t.f"].into_iter(), &json!({"k": 1}), &src));
-        assert_ne!(base, scope_hash("b", ["t.f", "t.g"].into_iter(), &json!({"k": 1}), &src));
-        assert_ne!(base, scope_hash("a", ["t.f"].into_iter(), &json!({"k": 1}), &src));
-        assert_ne!(base, scope_hash("a", ["t.f", "t.g"].into_iter(), &json!({"k": 2}), &src));
-        assert_ne!(base, scope_hash("a", ["t.f", "t.g"].into_iter(), &json!({"k": 1}), &source_hash("y")));
     }
 }

@@ -14,6 +14,8 @@ use std::pin::Pin;
 use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
+use crate::clock::Clock;
+
 /// The future every store operation returns.
 pub type StoreFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T, ContinuationStoreError>> + Send + 'a>>;
 
@@ -109,12 +111,18 @@ struct Entry {
 #[derive(Default)]
 pub struct MemoryContinuationStore {
     entries: Mutex<HashMap<[u8; 32], Entry>>,
+    clock: Clock,
 }
 
 impl MemoryContinuationStore {
-    /// An empty store.
+    /// An empty store on the system clock.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// An empty store that tells expired records and claims by `clock`.
+    pub fn with_clock(clock: Clock) -> Self {
+        MemoryContinuationStore { entries: Mutex::default(), clock }
     }
 
     fn with<T>(
@@ -136,7 +144,7 @@ impl fmt::Debug for MemoryContinuationStore {
 impl ContinuationStore for MemoryContinuationStore {
     fn set(&self, key: [u8; 32], record: StoredContinuation) -> StoreFuture<'_, ()> {
         let result = self.with(|entries| {
-            let now = SystemTime::now();
+            let now = self.clock.now();
             entries.retain(|_, e| e.record.expires_at > now);
             if entries.contains_key(&key) {
                 return Err(ContinuationStoreError::Duplicate);
@@ -150,7 +158,7 @@ impl ContinuationStore for MemoryContinuationStore {
     fn acquire(&self, key: [u8; 32], claim: ClaimId, lease: Duration) -> StoreFuture<'_, StoredContinuation> {
         let result = self.with(|entries| {
             let entry = entries.get_mut(&key).ok_or(ContinuationStoreError::NotFound)?;
-            let now = SystemTime::now();
+            let now = self.clock.now();
             if entry.record.expires_at <= now {
                 return Err(ContinuationStoreError::Expired);
             }
@@ -200,7 +208,7 @@ impl ContinuationStore for MemoryContinuationStore {
             let entry = entries.get(&key).ok_or(ContinuationStoreError::NotFound)?;
             match entry.status {
                 Status::Consumed => Err(ContinuationStoreError::Consumed),
-                _ if entry.record.expires_at <= SystemTime::now() => Err(ContinuationStoreError::Expired),
+                _ if entry.record.expires_at <= self.clock.now() => Err(ContinuationStoreError::Expired),
                 _ => Ok(entry.record.clone()),
             }
         });
@@ -251,5 +259,19 @@ mod tests {
     #[tokio::test]
     async fn memory_store_behaves_like_every_store() {
         check_continuation_store(&MemoryContinuationStore::new()).await;
+    }
+
+    #[tokio::test]
+    async fn a_memory_store_tells_expiry_by_its_clock() {
+        let long_ago = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000);
+        let record =
+            StoredContinuation { audience: "a".into(), expires_at: long_ago + Duration::from_secs(60), state: vec![1] };
+        let then = MemoryContinuationStore::with_clock(Clock::fixed(long_ago));
+        then.set([1; 32], record.clone()).await.unwrap();
+        assert_eq!(then.peek([1; 32]).await.unwrap(), record);
+        assert_eq!(then.acquire([1; 32], 1, Duration::from_secs(5)).await.unwrap(), record);
+        let now = MemoryContinuationStore::new();
+        now.set([1; 32], record).await.unwrap();
+        assert_eq!(now.peek([1; 32]).await, Err(ContinuationStoreError::Expired));
     }
 }

@@ -71,7 +71,8 @@ struct Entry {
 }
 
 /// The prior ledger that follows a run's frame, in the continuation state's encoding: magic,
-/// version, two hashes, run id, seed and clock, then the entries, then a checksum.
+/// version, two hashes, run id, seed and clock, the functions called (version 2), then the
+/// entries, then a checksum.
 fn parse_ledger(bytes: &[u8]) -> Vec<Entry> {
     fn uint(bytes: &mut &[u8]) -> u64 {
         let mut value = 0;
@@ -96,10 +97,16 @@ fn parse_ledger(bytes: &[u8]) -> Vec<Entry> {
     }
     let mut bytes = bytes;
     take(&mut bytes, 4);
-    uint(&mut bytes);
+    let version = uint(&mut bytes);
     take(&mut bytes, 64);
     text(&mut bytes);
     take(&mut bytes, 16);
+    if version >= 2 {
+        for _ in 0..uint(&mut bytes) {
+            text(&mut bytes);
+            take(&mut bytes, 32);
+        }
+    }
     let count = uint(&mut bytes);
     (0..count)
         .map(|_| {

@@ -81,15 +81,13 @@ enum RoundResult {
         value: Value,
         console: Vec<Value>,
     },
+    /// Rounds recorded by earlier releases also name the connectors they ran with
+    /// (`connectors`), which later rounds were limited to; that field is ignored now: a
+    /// continuation is bound to the functions its ledger called, each checked on resume.
     Interrupted {
         continuation: String,
         pending: Vec<PendingRequest>,
         console: Vec<Value>,
-        /// The connectors the script ran with: later rounds get these alone, so a reload that
-        /// adds functions leaves a waiting automation's continuation valid (absent in rounds
-        /// recorded before connectors existed: none).
-        #[serde(default, skip_serializing_if = "Option::is_none")]
-        connectors: Option<Vec<String>>,
     },
     Failed {
         code: String,
@@ -98,12 +96,10 @@ enum RoundResult {
     },
 }
 
-/// What the next round resumes from: the continuation, the decisions, and the connectors the
-/// interrupted round ran with.
+/// What the next round resumes from: the continuation and the decisions.
 struct Resume {
     continuation: String,
     resolutions: Vec<Resolution>,
-    connectors: Option<Vec<String>>,
 }
 
 /// What the automation workflow needs.
@@ -138,9 +134,9 @@ fn with_context(
     if let Some((state, session)) = session {
         builder = state.register(builder, session);
     }
-    for (host, name) in hosts.iter().flat_map(|host| host.names().map(move |name| (host, name))) {
+    for (host, (name, signature)) in hosts.iter().flat_map(|host| host.signatures().map(move |f| (host, f))) {
         let (host, name_owned) = (host.clone(), name.to_owned());
-        builder = builder.function(name, move |ctx, args| {
+        builder = builder.function_with_signature(name, signature.clone(), move |ctx, args| {
             let resumed = ctx.resume().is_some();
             let call = host.call(&name_owned, ctx, args);
             async move {
@@ -199,10 +195,7 @@ impl Deps {
         step: StepContext,
     ) -> Result<RoundResult, StepError> {
         let scope = CallScope { tenant: input.tenant.clone(), actor: input.submitted_by.clone() };
-        let connectors = self
-            .connectors
-            .host_functions(&scope, resume.as_ref().map(|r| r.connectors.as_deref().unwrap_or_default()));
-        let connector_names: Vec<String> = connectors.names().map(str::to_owned).collect();
+        let connectors = self.connectors.host_functions(&scope);
         let mut request = RunRequest::new(input.source.as_str())
             .host(with_context(
                 &[(self.host)(&input.tenant), connectors],
@@ -230,7 +223,7 @@ impl Deps {
                 return Ok(RoundResult::Failed { code: "RUN_ABORTED".to_owned(), message, console: Vec::new() });
             }
         }
-        if let Some(Resume { continuation: token, resolutions, .. }) = resume {
+        if let Some(Resume { continuation: token, resolutions }) = resume {
             if step.attempt > 1 {
                 // An earlier attempt may have claimed or consumed the token and died before it
                 // recorded the round's outcome: this attempt takes the token over.
@@ -258,7 +251,6 @@ impl Deps {
                     .collect(),
                 console: console_json(&s.console),
                 continuation: s.continuation,
-                connectors: Some(connector_names),
             }),
             Err(e) if e.retryable => Err(StepError::retryable(error_text(e.code.as_str(), &e.message))),
             Err(RunError { code, message, console, .. }) => {
@@ -302,7 +294,7 @@ pub(crate) async fn run_automation(
                     .await?;
                 return Err(WorkflowError::msg(text));
             }
-            RoundResult::Interrupted { continuation, pending, console, connectors } => {
+            RoundResult::Interrupted { continuation, pending, console } => {
                 let metadata = HookMetadata {
                     tenant: input.tenant.clone(),
                     automation: id.clone(),
@@ -325,7 +317,7 @@ pub(crate) async fn run_automation(
                 let batch = progress.as_batch();
                 let event = AutomationEvent::Decided { round, actor: batch.actor, decisions: batch.decisions };
                 publisher.publish(event.to_value()).await?;
-                resume = Some(Resume { continuation, resolutions: progress.resolutions(), connectors });
+                resume = Some(Resume { continuation, resolutions: progress.resolutions() });
             }
         }
     }
@@ -416,4 +408,24 @@ async fn wait_for_decisions(
         }
     }
     Ok(Some(progress))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_round_recorded_with_the_connectors_it_ran_with_still_reads() {
+        let old = json!({
+            "status": "interrupted",
+            "continuation": "token",
+            "pending": [],
+            "console": [],
+            "connectors": ["billing.refund"],
+        });
+        let round: RoundResult = serde_json::from_value(old).unwrap();
+        let expected = RoundResult::Interrupted { continuation: "token".into(), pending: vec![], console: vec![] };
+        assert_eq!(round, expected);
+        assert!(serde_json::to_value(&expected).unwrap().get("connectors").is_none());
+    }
 }

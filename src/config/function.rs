@@ -3,9 +3,10 @@
 use std::fmt;
 use std::num::NonZeroU32;
 
+use resumable_host::Signature;
 use serde::de::{self, Deserializer, MapAccess, Visitor};
 use serde::{Deserialize, Serialize};
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::summary::placeholders_in;
 use super::values::{Endpoint, Seconds, WebhookSecret};
@@ -195,6 +196,15 @@ impl FunctionConfig {
     /// Its expiry and reminder settings (what it leaves out comes from the tenant's).
     pub fn expiry(&self) -> ExpiryPolicy {
         super::expiry::policy(self.expires_after, self.on_expiry, self.remind_after)
+    }
+
+    /// The function's signature: its parameters' names and JSON Schemas, in order. A paused run
+    /// that called the function resumes only while these are unchanged; the URL, secret,
+    /// timeout, retries, approval policy and summary may change under it.
+    pub fn signature(&self) -> Signature {
+        Signature::of(&Value::Array(
+            self.params.iter().map(|p| json!({ "name": p.name, "schema": p.schema.0 })).collect(),
+        ))
     }
 
     /// Checks what spans several fields and returns the signing secret.

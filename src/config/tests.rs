@@ -195,3 +195,39 @@ fn errors_never_repeat_a_secret() {
     let error = ServeConfig::parse("[functions.\"a.b\"]\nurl = \"ftp://u:hunter2@h\"\n").unwrap_err();
     assert!(!error.contains("hunter2"), "{error}");
 }
+
+#[test]
+fn a_functions_signature_is_its_parameters_alone() {
+    let signature = |text: &str| {
+        let config = ServeConfig::parse(text).unwrap();
+        config.functions.iter().find(|(name, _, _)| name.as_str() == "billing.refund").unwrap().1.signature()
+    };
+    let base = signature(SAMPLE);
+    assert_eq!(
+        base.as_str(),
+        r#"[{"name":"order_id","schema":{"type":"string"}},{"name":"amount","schema":{"type":"integer"}}]"#
+    );
+    let elsewhere = SAMPLE
+        .replace("http://127.0.0.1:9000/refund", "http://10.0.0.9:9001/v2/refund")
+        .replace("timeout = \"5s\"", "timeout = \"30s\"")
+        .replace("retries = 3", "retries = 1")
+        .replace("Refund {amount} on order {order_id}", "Refund {amount} cents on {order_id}")
+        .replace("args.amount > 1000", "args.amount > 10");
+    assert_eq!(signature(&elsewhere), base, "URL, timeout, retries, summary and policy are not part of it");
+    let typed_table = SAMPLE
+        .replace(r#"{ name = "amount", type = "integer" }"#, r#"{ name = "amount", type = { type = "integer" } }"#);
+    assert_eq!(signature(&typed_table), base, "a type name is the schema of that type");
+    for changed in [
+        SAMPLE
+            .replace(r#"{ name = "amount", type = "integer" }"#, r#"{ name = "cents", type = "integer" }"#)
+            .replace("{amount}", "{cents}"),
+        SAMPLE.replace(r#"{ name = "amount", type = "integer" }"#, r#"{ name = "amount", type = "number" }"#),
+        SAMPLE.replace(
+            r#"{ name = "amount", type = "integer" }"#,
+            r#"{ name = "amount", type = { type = "integer", minimum = 1 } }"#,
+        ),
+        SAMPLE.replace(r#", { name = "amount", type = "integer" }]"#, "]").replace(" {amount}", ""),
+    ] {
+        assert_ne!(signature(&changed), base, "{changed}");
+    }
+}

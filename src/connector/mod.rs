@@ -14,7 +14,7 @@ mod signature;
 
 use std::sync::{Arc, RwLock};
 
-use resumable_host::{HostCallContext, HostError, HostFunctions};
+use resumable_host::{HostCallContext, HostError, HostFunctions, Signature};
 use resumable_runner::RunnerConfig;
 use serde_json::{Map, Value, json};
 
@@ -34,6 +34,8 @@ struct Connector {
     config: FunctionConfig,
     secret: Vec<u8>,
     validators: Vec<jsonschema::Validator>,
+    /// [`FunctionConfig::signature`].
+    signature: Signature,
 }
 
 /// Why the connectors could not be set up.
@@ -139,29 +141,22 @@ impl Connectors {
         catalog::typescript(set.visible(tenant).map(|c| (&c.name, &c.config)))
     }
 
-    /// The functions `scope`'s tenant may call. With `only`, exactly the functions it names (an
-    /// earlier round's set, which its continuation is bound to): of them, one the configuration no
-    /// longer has for the tenant fails when called, with `CONNECTOR_REMOVED`.
-    pub fn host_functions(&self, scope: &CallScope, only: Option<&[String]>) -> HostFunctions {
+    /// The functions `scope`'s tenant may call now, each with its [`FunctionConfig::signature`].
+    /// A paused round resumes with the current ones too: its continuation needs only the
+    /// functions its ledger called, unchanged (else the round fails with
+    /// `RUN_FUNCTION_REMOVED` or `RUN_FUNCTION_CHANGED`, naming them).
+    pub fn host_functions(&self, scope: &CallScope) -> HostFunctions {
         let set = self.snapshot();
         let mut builder = HostFunctions::builder();
         for (index, connector) in set.functions.iter().enumerate() {
-            let named = only.is_none_or(|names| names.iter().any(|n| n == connector.name.as_str()));
-            if !connector.serves(&scope.tenant) || !named {
+            if !connector.serves(&scope.tenant) {
                 continue;
             }
             let (set, scope) = (Arc::clone(&set), scope.clone());
-            builder = builder.function(connector.name.as_str(), move |ctx, args| {
+            let signature = connector.signature.clone();
+            builder = builder.function_with_signature(connector.name.as_str(), signature, move |ctx, args| {
                 let (set, scope) = (Arc::clone(&set), scope.clone());
                 async move { set.call(index, &scope, ctx, args).await }
-            });
-        }
-        let served = |name: &str| set.functions.iter().any(|c| c.name.as_str() == name && c.serves(&scope.tenant));
-        for name in only.into_iter().flatten().filter(|name| !served(name)) {
-            let message = format!("{name} is no longer configured on this server");
-            builder = builder.function(name, move |_ctx, _args| {
-                let message = message.clone();
-                async move { Err(HostError::new(message).with_details(json!({ "code": "CONNECTOR_REMOVED" }))) }
             });
         }
         // The names were checked when the configuration was read.
@@ -182,7 +177,8 @@ impl ConnectorSet {
                 })?;
                 validators.push(validator);
             }
-            connectors.push(Connector { name, config, secret, validators });
+            let signature = config.signature();
+            connectors.push(Connector { name, config, secret, validators, signature });
         }
         let predicated = connectors.iter().any(|c| matches!(c.config.approval, Approval::When(_)));
         Ok(ConnectorSet {

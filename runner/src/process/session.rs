@@ -440,12 +440,15 @@ async fn send_run(
     let frame = frame?;
     let (Some(rest), Some(mut feed)) = (rest, feed) else {
         let replay = &spec.run.replay;
+        // The prior ledger passed the runner's checks: the functions it calls are the run's.
+        let functions = spec.run.scope.used_by(&ledger).map_err(Ending::Lost)?;
         let state = ContinuationState {
             source_hash: spec.run.source_hash,
-            scope_hash: spec.run.scope_hash,
+            scope_hash: spec.run.scope.hash(&functions),
             logical_run_id: replay.logical_run_id.to_string(),
             seed: replay.seed,
             start_clock: replay.start_clock,
+            functions: Some(functions),
             ledger,
         };
         let bytes = state.encode();
@@ -495,7 +498,7 @@ async fn send_run(
         while let Some(entries) = feed.feed.next(deadline.into_std())? {
             ledger.extend(entries);
         }
-        check_head(&head, &spec.run.source_hash, &spec.run.scope_hash, &spec.run.limits)?;
+        check_head(&head, &spec.run.source_hash, &spec.run.scope, &spec.run.limits)?;
         let resolutions = &spec.run.replay.resolutions;
         let interrupted = |index: u32| {
             ledger.get(index as usize - 1).is_some_and(|entry| matches!(entry.outcome, CallOutcome::Interrupted(_)))
@@ -735,7 +738,7 @@ mod tests {
         let run = PreparedRun {
             source: "return 1".into(),
             source_hash: [0; 32],
-            scope_hash: [0; 32],
+            scope: crate::scope::Scope::new("a", &HostFunctions::empty(), &Value::Null, &[0; 32]),
             functions: Arc::from(Vec::<String>::new()),
             limits: Limits::default(),
             replay: Replay {

@@ -133,15 +133,10 @@ async fn a_changed_scope_is_refused_before_any_host_call() {
     let first = suspended(&runner, request()).await;
     let resolutions = || [Resolution::new("interrupt-2", json!(true))];
     let before = tools.total();
-    let other_tools = resumable_runner::host::HostFunctions::builder()
-        .function("tools.effect", |_c, _a| async { Ok(json!(1)) })
-        .function("tools.approve", |_c, _a| async { Ok(json!(1)) })
-        .build()
-        .unwrap();
+    // (Other host functions are a matter of the functions the ledger called: see `upgrades`.)
     let attempts = [
         RunRequest::new(format!("{source};")).host(tools.host()).context(json!({"tenant": "acme"})),
         RunRequest::new(source).host(tools.host()).context(json!({"tenant": "globex"})),
-        RunRequest::new(source).host(other_tools).context(json!({"tenant": "acme"})),
         request().audience("someone-else"),
     ];
     for attempt in attempts {

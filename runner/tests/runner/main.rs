@@ -10,5 +10,6 @@ mod limits;
 mod process;
 mod sandbox;
 mod stored;
+mod upgrades;
 
 mod hostile;

@@ -495,7 +495,7 @@ impl<'js> RunEnv<'js> {
 fn take_over_continuation(job: &mut Job, deadline: Instant) -> Result<(), RunError> {
     let Some(streamed) = job.run.replay.streamed.as_mut() else { return Ok(()) };
     let head = streamed.feed.head(deadline)?;
-    check_head(&head, &job.run.source_hash, &job.run.scope_hash, &job.run.limits)?;
+    check_head(&head, &job.run.source_hash, &job.run.scope, &job.run.limits)?;
     streamed.count = head.count;
     job.run.replay.logical_run_id = head.logical_run_id.into();
     job.run.replay.seed = head.seed;
