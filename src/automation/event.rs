@@ -38,6 +38,7 @@ pub enum AutomationEvent {
         /// The requests that expired.
         interruptions: Vec<InterruptionId>,
         /// What their expiry does.
+        #[serde(rename = "onExpiry")]
         on_expiry: OnExpiry,
     },
     /// Every request of a round was decided.

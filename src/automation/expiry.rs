@@ -63,7 +63,7 @@ impl ExpiryPolicy {
             asked_at: asked_at_ms,
             expires_at: self.expires_after.map(|d| asked_at_ms.saturating_add(ms(d))),
             on_expiry: self.on_expiry.unwrap_or_default(),
-            remind_every: self.remind_after.map(|d| ms(d).max(1)),
+            remind_every: self.remind_after.map(|d| ms(d).max(MIN_REMIND_EVERY)),
         })
     }
 }
@@ -136,19 +136,32 @@ impl Alarm {
     }
 }
 
-/// The next alarm of a round whose `undecided` requests have these deadlines, after `reminded`
-/// reminders, leaving out expiry while `expiring` (the system's batch is on its way). A reminder
-/// is due every `remind_every` (the shortest of the undecided requests') from the round's ask,
-/// and only before the first expiry.
-pub(crate) fn next_alarm(undecided: &[Deadline], reminded: u32, expiring: bool) -> Option<Alarm> {
+/// The most reminders one round sends.
+pub(crate) const MAX_REMINDERS: u32 = 100;
+
+/// The shortest interval between two reminders, in ms.
+const MIN_REMIND_EVERY: i64 = 1_000;
+
+/// Reminders a round has sent: how many, and when the last one went out (ms since the epoch).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Reminded {
+    pub(crate) count: u32,
+    pub(crate) last_at: Option<i64>,
+}
+
+/// The next alarm of a round whose `undecided` requests have these deadlines, leaving out expiry
+/// while `expiring` (the system's batch is on its way). A reminder is due `remind_every` (the
+/// shortest of the undecided requests') after the last one, or after the round asked; only
+/// before the first expiry, and at most [`MAX_REMINDERS`].
+pub(crate) fn next_alarm(undecided: &[Deadline], reminded: Reminded, expiring: bool) -> Option<Alarm> {
     let expiry = if expiring { None } else { undecided.iter().filter_map(|d| d.expires_at).min() };
-    let asked_at = undecided.iter().map(|d| d.asked_at).min()?;
+    let since = reminded.last_at.or_else(|| undecided.iter().map(|d| d.asked_at).min())?;
     let reminder = undecided
         .iter()
         .filter_map(|d| d.remind_every)
         .min()
-        .map(|every| asked_at.saturating_add(every.saturating_mul(i64::from(reminded) + 1)))
-        .filter(|at| expiry.is_none_or(|expiry| at < &expiry) && !expiring);
+        .map(|every| since.saturating_add(every))
+        .filter(|at| expiry.is_none_or(|expiry| at < &expiry) && !expiring && reminded.count < MAX_REMINDERS);
     match (reminder, expiry) {
         (Some(at), _) => Some(Alarm::Remind(at)),
         (None, Some(at)) => Some(Alarm::Expire(at)),
@@ -205,11 +218,14 @@ mod tests {
             remind_every,
         };
         let both = [d(Some(3_500), Some(1_000)), d(None, Some(600))];
-        assert_eq!(next_alarm(&both, 0, false), Some(Alarm::Remind(1_600)));
-        assert_eq!(next_alarm(&both, 3, false), Some(Alarm::Remind(3_400)));
-        assert_eq!(next_alarm(&both, 4, false), Some(Alarm::Expire(3_500)));
-        assert_eq!(next_alarm(&both, 4, true), None);
-        assert_eq!(next_alarm(&[d(None, None)], 0, false), None);
-        assert_eq!(next_alarm(&[], 0, false), None);
+        let after = |count, last_at| Reminded { count, last_at };
+        assert_eq!(next_alarm(&both, after(0, None), false), Some(Alarm::Remind(1_600)));
+        // The next reminder counts from the last one, whenever it went out (late, after a restart).
+        assert_eq!(next_alarm(&both, after(3, Some(2_800)), false), Some(Alarm::Remind(3_400)));
+        assert_eq!(next_alarm(&both, after(4, Some(3_400)), false), Some(Alarm::Expire(3_500)));
+        assert_eq!(next_alarm(&both, after(4, Some(3_400)), true), None);
+        assert_eq!(next_alarm(&both[1..], after(MAX_REMINDERS, Some(9_000)), false), None);
+        assert_eq!(next_alarm(&[d(None, None)], after(0, None), false), None);
+        assert_eq!(next_alarm(&[], after(0, None), false), None);
     }
 }

@@ -50,6 +50,7 @@ use approval_index::ApprovalIndex;
 use round::{Refusal, RoundProgress};
 use view::EventLog;
 use workflow::{Deps, run_automation};
+pub(crate) use workflow::{EngineSlot, engine_of};
 
 /// How long an automation's stored continuation stays resumable: as long as its request may
 /// wait, which is for ever (about a century, as a time the database can hold).
@@ -176,8 +177,12 @@ impl AutomationsBuilder {
             None => Webhooks::none().map_err(|e| AutomationError::Config(e.to_string()))?,
         };
         let deliveries = DeliveryLog::new(self.db.clone());
-        let delivery_deps =
-            Arc::new(DeliveryDeps { webhooks: webhooks.clone(), log: deliveries.clone(), tokens: tokens.clone() });
+        let delivery_deps = Arc::new(DeliveryDeps {
+            webhooks: webhooks.clone(),
+            log: deliveries.clone(),
+            tokens: tokens.clone(),
+            engine: Arc::clone(&deps.engine),
+        });
         let workflow_deps = Arc::clone(&deps);
         let session_deps = Sessions::deps(state.clone(), tokens.clone(), Arc::clone(&self.store));
         let mut builder = Engine::builder(self.store)
@@ -198,7 +203,7 @@ impl AutomationsBuilder {
             builder = configure(builder);
         }
         let engine = builder.build();
-        let _ = workflow_deps.engine.set(engine.clone());
+        let _ = workflow_deps.engine.set(engine.downgrade());
         let sessions = Sessions::new(engine.clone(), tokens.clone(), state, self.policy_version.clone());
         Ok(Automations {
             engine,

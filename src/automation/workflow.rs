@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::approval_index::ApprovalIndex;
 use super::decision::{Decision, DecisionBatch};
 use super::event::{AutomationEvent, HookMetadata};
-use super::expiry::{self, Alarm, Deadline, EXPIRED_REASON, ExpiryPolicies, OnExpiry, SYSTEM_ACTOR};
+use super::expiry::{self, Alarm, Deadline, EXPIRED_REASON, ExpiryPolicies, OnExpiry, Reminded, SYSTEM_ACTOR};
 use super::interruption_id::InterruptionId;
 use super::round::RoundProgress;
 use super::token::HookTokens;
@@ -115,7 +115,7 @@ pub(crate) struct Deps {
     pub(crate) expiry: ExpiryPolicies,
     /// The engine the workflow runs on, set once it is built: the system delivers its own
     /// decisions on expiry to a round's hook through it.
-    pub(crate) engine: Arc<std::sync::OnceLock<resumable_workflow::Engine>>,
+    pub(crate) engine: EngineSlot,
 }
 
 fn console_json(outcome_console: &[resumable_runner::ConsoleLine]) -> Vec<Value> {
@@ -154,6 +154,16 @@ fn with_context(
         async move { Ok(context) }
     });
     builder.build().map_err(|e| StepError::fatal(format!("host functions: {e}")))
+}
+
+/// The engine the workflows run on, set once it is built; weak, so that dropping the last
+/// [`Engine`](resumable_workflow::Engine) handle still stops it.
+pub(crate) type EngineSlot = Arc<std::sync::OnceLock<resumable_workflow::WeakEngine>>;
+
+/// The engine of `slot`, for a step (retried while it starts; fatal once it has stopped).
+pub(crate) fn engine_of(slot: &EngineSlot) -> Result<resumable_workflow::Engine, StepError> {
+    let weak = slot.get().ok_or_else(|| StepError::retryable("the engine is starting"))?;
+    weak.upgrade().ok_or_else(|| StepError::fatal("the engine has stopped"))
 }
 
 /// The host function through which a script reads its automation's context.
@@ -328,6 +338,16 @@ pub(crate) async fn run_automation(
     Err(WorkflowError::msg(text))
 }
 
+/// Delivering the system's expiry decision is retried for about an hour before the automation
+/// fails.
+fn expire_policy() -> resumable_workflow::RetryPolicy {
+    resumable_workflow::RetryPolicy {
+        max_retries: 30,
+        max_backoff: std::time::Duration::from_secs(300),
+        ..resumable_workflow::RetryPolicy::default()
+    }
+}
+
 /// Waits until every request of the round is decided, and returns how; `None` when one expired
 /// with `on_expiry = "fail"`.
 ///
@@ -345,7 +365,7 @@ async fn wait_for_decisions(
     pending: &[PendingRequest],
 ) -> Result<Option<RoundProgress>, WorkflowError> {
     let mut progress = RoundProgress::new(pending);
-    let (mut reminded, mut expiring) = (0u32, false);
+    let (mut reminded, mut expiring) = (Reminded::default(), false);
     while !progress.is_decided() {
         let undecided: Vec<&PendingRequest> =
             pending.iter().filter(|r| !progress.decides(&r.interruption_id)).collect();
@@ -357,22 +377,21 @@ async fn wait_for_decisions(
         };
         match (payload, alarm) {
             (Some(payload), _) => {
-                if let Ok(batch) = serde_json::from_value::<DecisionBatch>(payload) {
-                    // The system's batch counts, or a human decision made it moot: either way,
-                    // what is still undecided may expire again.
-                    expiring &= batch.actor != SYSTEM_ACTOR;
+                let Ok(batch) = serde_json::from_value::<DecisionBatch>(payload) else { continue };
+                if batch.actor != SYSTEM_ACTOR {
                     let _ = progress.apply(&batch);
+                    continue;
                 }
-            }
-            (None, Some(Alarm::Remind(_))) => {
-                reminded += 1;
-                let pending = undecided.into_iter().cloned().collect();
-                publisher.publish(AutomationEvent::Reminder { round, pending }.to_value()).await?;
-            }
-            (None, Some(Alarm::Expire(at))) => {
-                let expired: Vec<&PendingRequest> = undecided
-                    .into_iter()
-                    .filter(|r| r.deadline.and_then(|d| d.expires_at).is_some_and(|e| e <= at))
+                // The system's batch counts, or a human decision made it moot: either way, what
+                // is still undecided may expire again.
+                expiring = false;
+                if progress.apply(&batch).is_err() {
+                    continue;
+                }
+                let expired: Vec<&PendingRequest> = batch
+                    .decisions
+                    .iter()
+                    .filter_map(|d| pending.iter().find(|r| r.interruption_id == d.interruption_id))
                     .collect();
                 let fails = expired.iter().any(|r| r.deadline.is_some_and(|d| d.on_expiry == OnExpiry::Fail));
                 let on_expiry = if fails { OnExpiry::Fail } else { OnExpiry::Reject };
@@ -381,9 +400,19 @@ async fn wait_for_decisions(
                 if fails {
                     return Ok(None);
                 }
+            }
+            (None, Some(Alarm::Remind(_))) => {
+                reminded = Reminded { count: reminded.count + 1, last_at: Some(crate::db::to_ms(ctx.now().await)) };
+                let pending = undecided.into_iter().cloned().collect();
+                publisher.publish(AutomationEvent::Reminder { round, pending }.to_value()).await?;
+            }
+            (None, Some(Alarm::Expire(at))) => {
+                // Decided through the hook, like a person's batch, whatever `on_expiry` says: a
+                // decision the hook received first wins.
                 let batch = DecisionBatch {
-                    decisions: expired
-                        .iter()
+                    decisions: undecided
+                        .into_iter()
+                        .filter(|r| r.deadline.and_then(|d| d.expires_at).is_some_and(|e| e <= at))
                         .map(|r| Decision {
                             interruption_id: r.interruption_id.clone(),
                             approved: false,
@@ -393,8 +422,8 @@ async fn wait_for_decisions(
                     actor: SYSTEM_ACTOR.to_owned(),
                 };
                 let (deps, token) = (Arc::clone(deps), hook.token().to_owned());
-                ctx.step("expire", move |_| async move {
-                    let engine = deps.engine.get().ok_or_else(|| StepError::retryable("the engine is starting"))?;
+                ctx.step_with("expire", expire_policy(), move |_| async move {
+                    let engine = engine_of(&deps.engine)?;
                     engine
                         .resume_hook(&token, batch.to_value())
                         .await

@@ -196,7 +196,10 @@ impl ServeConfig {
         database_secret
             || self.file.keys.iter().any(|k| k.get_ref().key.is_some())
             || self.file.functions.values().any(|f| f.get_ref().secret.is_some())
-            || self.webhooks.iter().any(|w| w.config.secret.is_some() || w.config.format == WebhookFormat::Slack)
+            // A webhook URL often holds its own secret (Slack's, or a token in the query).
+            || self.webhooks.iter().any(|w| {
+                w.config.secret.is_some() || w.config.format == WebhookFormat::Slack || w.config.url.0.query().is_some()
+            })
     }
 }
 

@@ -69,6 +69,9 @@ pub struct Connectors {
     predicate_runner: RunnerConfig,
 }
 
+/// Connectors built by [`Connectors::prepare`], ready to install.
+pub struct PreparedConnectors(Arc<ConnectorSet>);
+
 /// One configuration's connectors.
 struct ConnectorSet {
     functions: Vec<Connector>,
@@ -120,9 +123,19 @@ impl Connectors {
 
     /// Replaces every connector with `functions`; on an error the current ones stay.
     pub fn reload(&self, functions: Vec<FunctionSpec>) -> Result<(), ConnectorError> {
-        let set = Arc::new(ConnectorSet::new(functions, &self.predicate_runner)?);
-        *self.current.write().unwrap_or_else(|e| e.into_inner()) = set;
+        let prepared = self.prepare(functions)?;
+        self.install(prepared);
         Ok(())
+    }
+
+    /// Builds the set of `functions` without installing it (see [`install`](Connectors::install)).
+    pub fn prepare(&self, functions: Vec<FunctionSpec>) -> Result<PreparedConnectors, ConnectorError> {
+        Ok(PreparedConnectors(Arc::new(ConnectorSet::new(functions, &self.predicate_runner)?)))
+    }
+
+    /// Makes a prepared set the connectors of this handle and every clone.
+    pub fn install(&self, prepared: PreparedConnectors) {
+        *self.current.write().unwrap_or_else(|e| e.into_inner()) = prepared.0;
     }
 
     fn snapshot(&self) -> Arc<ConnectorSet> {

@@ -193,7 +193,7 @@ impl ApiKeys {
             if k.roles.is_empty() {
                 return Err(KeysError::NoRoles(i + 1));
             }
-            if k.actor == crate::automation::SYSTEM_ACTOR {
+            if k.actor.trim().eq_ignore_ascii_case(crate::automation::SYSTEM_ACTOR) {
                 return Err(KeysError::ReservedActor(i + 1));
             }
             let caller = Caller { actor: k.actor, tenant: k.tenant, roles: k.roles };

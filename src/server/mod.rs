@@ -366,10 +366,13 @@ impl Reload {
         if keys.is_empty() {
             return Err("it leaves no API key".to_owned());
         }
-        self.integrations.connectors.reload(functions).map_err(|e| e.to_string())?;
+        // Built first, so a set that cannot be built changes nothing; the keys go in before the
+        // functions, so a client that sees a new function can use a new key.
+        let connectors = self.integrations.connectors.prepare(functions).map_err(|e| e.to_string())?;
+        self.keys.replace_with(&keys);
+        self.integrations.connectors.install(connectors);
         self.integrations.expiry.replace_with(&expiry);
         self.integrations.webhooks.replace_with(&webhooks);
-        self.keys.replace_with(&keys);
         Ok(count)
     }
 }

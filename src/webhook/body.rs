@@ -123,9 +123,11 @@ pub fn escape_slack(text: &str) -> String {
     out
 }
 
-/// Milliseconds since the epoch as an RFC 3339 time.
+/// Milliseconds since the epoch as an RFC 3339 time (the last millisecond of year 9999 for any
+/// later time, which RFC 3339 cannot write).
 fn rfc3339(ms: i64) -> String {
-    humantime::format_rfc3339_millis(crate::db::from_ms(ms)).to_string()
+    const LAST: i64 = 253_402_300_799_999;
+    humantime::format_rfc3339_millis(crate::db::from_ms(ms.clamp(0, LAST))).to_string()
 }
 
 #[cfg(test)]
@@ -190,5 +192,6 @@ mod tests {
         assert_eq!(webhook_id("ops", "run_1", 0), webhook_id("ops", "run_1", 0));
         assert_ne!(webhook_id("ops", "run_1", 0), webhook_id("ops", "run_1", 1));
         assert_ne!(webhook_id("ops", "run_1", 0), webhook_id("dev", "run_1", 0));
+        assert_eq!(rfc3339(i64::MAX), "9999-12-31T23:59:59.999Z");
     }
 }

@@ -12,7 +12,7 @@ use serde_json::{Value, json};
 use super::attempts::{DeliveryAttempt, DeliveryLog};
 use super::body::{Envelope, json_body, slack_body, webhook_id};
 use super::subscriptions::Webhooks;
-use crate::automation::HookTokens;
+use crate::automation::{EngineSlot, HookTokens, engine_of};
 use crate::config::WebhookFormat;
 use crate::connector::sign;
 
@@ -61,7 +61,12 @@ pub(crate) struct DeliveryDeps {
     pub(crate) webhooks: Webhooks,
     pub(crate) log: DeliveryLog,
     pub(crate) tokens: HookTokens,
+    pub(crate) engine: EngineSlot,
 }
+
+/// How long a delivery run waits for the next event before it looks whether its automation
+/// ended without a last event (it failed in a way that published none, or was cancelled).
+const IDLE_CHECK: Duration = Duration::from_secs(3600);
 
 /// Whether `event` is an automation's last.
 pub(crate) fn is_last(event: &Value) -> bool {
@@ -98,8 +103,26 @@ pub(crate) async fn run_delivery(
             }
         }
         notice = loop {
-            if let Ok(notice) = serde_json::from_value(hook.next().await?) {
-                break notice;
+            match hook.next_within(IDLE_CHECK).await? {
+                Some(payload) => {
+                    if let Ok(notice) = serde_json::from_value(payload) {
+                        break notice;
+                    }
+                }
+                None => {
+                    let (engine, automation) = (deps.engine.clone(), input.automation.clone());
+                    let ended = ctx
+                        .step("automation-ended", move |_| async move {
+                            let engine = engine_of(&engine)?;
+                            let run = engine.get_run(&automation.as_str().into()).await;
+                            run.map(|r| r.status.is_terminal()).map_err(|e| StepError::retryable(e.to_string()))
+                        })
+                        .await
+                        .unwrap_or(true);
+                    if ended {
+                        return Ok(json!({ "delivered": delivered }));
+                    }
+                }
             }
         };
     }
@@ -129,7 +152,12 @@ async fn deliver(deps: &DeliveryDeps, input: &DeliveryInput, notice: &Notice, at
             Ok(())
         }
         Some((spec, public_url)) => {
-            let link = public_url.and_then(|url| url.join(&format!("automations/{}", input.automation)).ok());
+            let link = public_url.and_then(|mut url| {
+                if !url.path().ends_with('/') {
+                    url.set_path(&format!("{}/", url.path()));
+                }
+                url.join(&format!("automations/{}", input.automation)).ok()
+            });
             let envelope = Envelope {
                 tenant: &input.tenant,
                 automation: &input.automation,

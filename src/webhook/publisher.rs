@@ -2,20 +2,20 @@
 //! subscription that wants it (started by the first such event).
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
-use resumable_workflow::{Engine, EngineError, RetryPolicy, RunId, StepError, WorkflowContext, WorkflowError};
+use resumable_workflow::{EngineError, RetryPolicy, RunId, StepError, WorkflowContext, WorkflowError};
 use serde_json::Value;
 
 use super::delivery::{DeliveryInput, Notice, WORKFLOW, is_last};
 use super::subscriptions::Subscribed;
-use crate::automation::HookTokens;
+use crate::automation::{EngineSlot, HookTokens, engine_of};
 
 /// Publishes an automation's events, to its stream and to its subscriptions' delivery runs.
 pub(crate) struct Publisher<'a> {
     ctx: &'a WorkflowContext,
-    engine: &'a Arc<OnceLock<Engine>>,
+    engine: &'a EngineSlot,
     tokens: &'a HookTokens,
     tenant: &'a str,
     subscribed: &'a [Subscribed],
@@ -27,7 +27,7 @@ impl<'a> Publisher<'a> {
     /// A publisher for the automation running in `ctx`, of `tenant`, subscribed by `subscribed`.
     pub(crate) fn new(
         ctx: &'a WorkflowContext,
-        engine: &'a Arc<OnceLock<Engine>>,
+        engine: &'a EngineSlot,
         tokens: &'a HookTokens,
         tenant: &'a str,
         subscribed: &'a [Subscribed],
@@ -67,8 +67,14 @@ impl<'a> Publisher<'a> {
                         automation: automation.clone(),
                         first: notice,
                     };
-                    let run = self.ctx.start_child(WORKFLOW, serde_json::to_value(&input)?).await?;
-                    self.runs.insert(subscription.name.clone(), run.run_id().clone());
+                    // A delivery run that cannot start (its step failed for good) leaves this
+                    // subscription out; the automation goes on regardless.
+                    match self.ctx.start_child(WORKFLOW, serde_json::to_value(&input)?).await {
+                        Ok(run) => {
+                            self.runs.insert(subscription.name.clone(), run.run_id().clone());
+                        }
+                        Err(e) => tracing::warn!(subscription = subscription.name, error = %e, "no webhook delivery"),
+                    }
                 }
                 Some(run) => {
                     let token = self.tokens.for_webhook(&subscription.name, &automation);
@@ -100,8 +106,8 @@ fn hand_over_policy() -> RetryPolicy {
 }
 
 /// Delivers `payload` to the hook of delivery run `run`; nothing to do once that run has ended.
-async fn hand_over(engine: &OnceLock<Engine>, run: &RunId, token: &str, payload: Value) -> Result<(), StepError> {
-    let engine = engine.get().ok_or_else(|| StepError::retryable("the engine is starting"))?;
+async fn hand_over(engine: &EngineSlot, run: &RunId, token: &str, payload: Value) -> Result<(), StepError> {
+    let engine = engine_of(engine)?;
     match engine.resume_hook(token, payload).await {
         Ok(_) => Ok(()),
         Err(EngineError::HookNotFound) => match engine.get_run(run).await {

@@ -203,6 +203,21 @@ pub struct Engine {
     lifetime: Arc<Lifetime>,
 }
 
+/// A handle on an [`Engine`] that does not keep it running: workflows that need the engine they
+/// run on hold this, so dropping every [`Engine`] still stops it.
+#[derive(Clone, Debug)]
+pub struct WeakEngine {
+    shared: std::sync::Weak<Shared>,
+    lifetime: std::sync::Weak<Lifetime>,
+}
+
+impl WeakEngine {
+    /// The engine, while some [`Engine`] handle keeps it alive.
+    pub fn upgrade(&self) -> Option<Engine> {
+        Some(Engine { shared: self.shared.upgrade()?, lifetime: self.lifetime.upgrade()? })
+    }
+}
+
 impl fmt::Debug for Engine {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Engine").field("owner", &self.shared.owner).field("options", &self.shared.options).finish()
@@ -210,6 +225,11 @@ impl fmt::Debug for Engine {
 }
 
 impl Engine {
+    /// A handle that does not keep the engine running.
+    pub fn downgrade(&self) -> WeakEngine {
+        WeakEngine { shared: Arc::downgrade(&self.shared), lifetime: Arc::downgrade(&self.lifetime) }
+    }
+
     /// Starts building an engine over `store`.
     pub fn builder(store: Arc<dyn Store>) -> EngineBuilder {
         EngineBuilder { store, registry: Registry::default(), options: EngineOptions::default() }

@@ -58,7 +58,7 @@ mod worker;
 
 pub use child::ChildRun;
 pub use context::WorkflowContext;
-pub use engine::{Engine, EngineBuilder, EngineOptions};
+pub use engine::{Engine, EngineBuilder, EngineOptions, WeakEngine};
 pub use error::{DatabaseError, EngineError, StepError, StepFailure, StoreError, UnknownName, WorkflowError};
 pub use event::{Event, EventKind};
 pub use hook::{Hook, HookInfo, ResumeReceipt};
