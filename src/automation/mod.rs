@@ -37,6 +37,7 @@ pub use token::HookTokens;
 pub use view::{AutomationError, AutomationView, PendingApproval, RoundRecord};
 pub use workflow::{AutomationInput, HostProvider, PendingRequest, WORKFLOW};
 
+use crate::audit::{Actor, Audit, AuditEntry};
 use crate::connector::{APPROVAL_KIND, Connectors};
 use crate::continuations::SqlContinuationStore;
 use crate::db::AppDb;
@@ -138,6 +139,7 @@ impl AutomationsBuilder {
             .map_err(|e| AutomationError::Config(e.to_string()))?;
         let tokens = HookTokens::new(&self.secret);
         let state = SessionState::new(self.db.clone());
+        let audit = Audit::new(self.db.clone());
         let deps = Arc::new(Deps {
             runner,
             continuations,
@@ -147,6 +149,7 @@ impl AutomationsBuilder {
             tokens: tokens.clone(),
             max_rounds: self.max_rounds,
             sessions: state.clone(),
+            audit: audit.clone(),
         });
         let session_deps = Sessions::deps(state.clone(), tokens.clone(), Arc::clone(&self.store));
         let mut builder = Engine::builder(self.store)
@@ -163,8 +166,8 @@ impl AutomationsBuilder {
             builder = configure(builder);
         }
         let engine = builder.build();
-        let sessions = Sessions::new(engine.clone(), tokens.clone(), state, self.policy_version.clone());
-        Ok(Automations { engine, tokens, policy_version: self.policy_version, sessions, connectors, approvals })
+        let sessions = Sessions::new(engine.clone(), tokens.clone(), state, self.policy_version.clone(), audit.clone());
+        Ok(Automations { engine, tokens, policy_version: self.policy_version, sessions, connectors, approvals, audit })
     }
 }
 
@@ -177,6 +180,7 @@ pub struct Automations {
     sessions: Sessions,
     connectors: Connectors,
     approvals: ApprovalIndex,
+    audit: Audit,
 }
 
 impl Automations {
@@ -212,27 +216,38 @@ impl Automations {
         &self.sessions
     }
 
+    /// The tenants' audit log, on the same database.
+    pub fn audit(&self) -> &Audit {
+        &self.audit
+    }
+
     /// Submits a script for `tenant`; returns the automation's id at once (it runs in the
     /// background). With an idempotency key, a repeated submission returns the first one's id.
+    ///
+    /// The submission is recorded in the tenant's audit log, once per automation (a repeated
+    /// submission adds nothing); if it cannot be, the answer is [`AutomationError::Audit`] (the
+    /// automation was started: submitting again with the same idempotency key records it).
     pub async fn submit(
         &self,
         tenant: &str,
         source: &str,
         context: Value,
-        submitted_by: &str,
+        submitted_by: impl Into<Actor>,
         idempotency_key: Option<String>,
     ) -> Result<RunId, AutomationError> {
+        let by = submitted_by.into();
         let input = AutomationInput {
             tenant: tenant.to_owned(),
             source: source.to_owned(),
             context,
             policy_version: self.policy_version.clone(),
-            submitted_by: submitted_by.to_owned(),
+            submitted_by: by.name.clone(),
             session: None,
             timeout_ms: None,
         };
         let input = serde_json::to_value(&input).map_err(|e| AutomationError::Internal(e.to_string()))?;
         let keyed = idempotency_key.is_some();
+        let entry_key = idempotency_key.clone();
         let options = StartOptions { idempotency_key: idempotency_key.map(|k| format!("{tenant}:{k}")) };
         let id = self.engine.start(WORKFLOW, input.clone(), options).await?;
         if keyed {
@@ -243,7 +258,20 @@ impl Automations {
                 return Err(AutomationError::IdempotencyConflict);
             }
         }
+        let entry = AuditEntry::submission(by, id.as_str(), source, entry_key.as_deref());
+        self.record(tenant, entry).await?;
         Ok(id)
+    }
+
+    /// Appends `entry` to the audit log of `tenant`, after the act it records succeeded.
+    async fn record(&self, tenant: &str, entry: AuditEntry) -> Result<(), AutomationError> {
+        match self.audit.record(tenant, entry).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                tracing::error!(tenant, error = %e, "an act was done but its audit entry could not be written");
+                Err(AutomationError::Audit(e.to_string()))
+            }
+        }
     }
 
     /// The automation `id` of `tenant`; [`AutomationError::WrongTenant`] for another tenant's.
@@ -360,12 +388,17 @@ impl Automations {
     /// The decider (`batch.actor`, holding `roles`) must hold a role that may decide each request:
     /// one of a connector's `approvers`, or [`APPROVER_ROLE`] for any other request; and a
     /// connector with `four_eyes` refuses its submitter ([`AutomationError::FourEyes`]).
+    ///
+    /// A batch that counted is recorded in the tenant's audit log with the decider and the id of
+    /// the API key they decided with (`key_id`), and nothing else is; if it cannot be, the answer
+    /// is [`AutomationError::Audit`] (the batch counted).
     pub async fn decide(
         &self,
         tenant: &str,
         id: &RunId,
         batch: DecisionBatch,
         roles: &[&str],
+        key_id: Option<&str>,
     ) -> Result<u32, AutomationError> {
         let (run, input) = self.owned_run(tenant, id).await?;
         if self.all_decided(id, &batch).await? {
@@ -375,7 +408,13 @@ impl Automations {
             return Err(AutomationError::Ended(run.status));
         }
         match self.deliver(tenant, id, &batch, |pending| authorize(pending, &batch, roles, &input.submitted_by)).await {
-            Ok(round) => Ok(round),
+            Ok((round, received)) => {
+                let by = Actor { name: batch.actor.clone(), key_id: key_id.map(str::to_owned) };
+                let entry = AuditEntry::decision(by, id.as_str(), round, &batch.decisions)
+                    .dedup_key(format!("decision:{id}:{round}:{received}"));
+                self.record(tenant, entry).await?;
+                Ok(round)
+            }
             // The round may have moved on, or the automation ended, since the first look: what
             // was decided meanwhile decides the answer.
             Err(AutomationError::Invalid(_) | AutomationError::NotWaiting | AutomationError::AlreadyDecided)
@@ -395,14 +434,14 @@ impl Automations {
 
     /// Delivers `batch` to the open round's hook, if it counts there: [`AutomationError::AlreadyDecided`]
     /// when the batches before it decided a request it names, [`AutomationError::NotWaiting`]
-    /// when the round's hook is gone.
+    /// when the round's hook is gone. Answers the round and the batch's index among the hook's.
     async fn deliver(
         &self,
         tenant: &str,
         id: &RunId,
         batch: &DecisionBatch,
         authorize: impl FnOnce(&[PendingRequest]) -> Result<(), AutomationError>,
-    ) -> Result<u32, AutomationError> {
+    ) -> Result<(u32, u64), AutomationError> {
         let log = EventLog::read(&self.engine, id).await?;
         let Some((round, _)) = log.open_round() else { return Err(AutomationError::NotWaiting) };
         let token = self.tokens.for_round(id.as_str(), round);
@@ -430,7 +469,7 @@ impl Automations {
         // which the workflow folds in the same order.
         let before = self.engine.hook_payloads(id, hook.position, receipt.index).await?;
         RoundProgress::replay(&pending, &before).check(batch).map_err(refused)?;
-        Ok(round)
+        Ok((round, receipt.index))
     }
 
     /// Whether every interruption `batch` names was decided already, or by `batch`'s actor
@@ -475,13 +514,17 @@ impl Automations {
         Ok(true)
     }
 
-    /// Cancels automation `id` of `tenant`; returns its status afterwards.
-    pub async fn cancel(&self, tenant: &str, id: &RunId) -> Result<RunStatus, AutomationError> {
+    /// Cancels automation `id` of `tenant` for `by`; returns its status afterwards. The cancel
+    /// is recorded in the tenant's audit log with that status; if it cannot be, the answer is
+    /// [`AutomationError::Audit`] (the automation was cancelled).
+    pub async fn cancel(&self, tenant: &str, id: &RunId, by: impl Into<Actor>) -> Result<RunStatus, AutomationError> {
         let (run, _) = self.owned_run(tenant, id).await?;
         if run.status.is_terminal() {
             return Err(AutomationError::Ended(run.status));
         }
-        Ok(self.engine.cancel(id).await?)
+        let status = self.engine.cancel(id).await?;
+        self.record(tenant, AuditEntry::cancel(by, id.as_str(), &status.to_string())).await?;
+        Ok(status)
     }
 
     /// The events of automation `id` of `tenant` from index `from`, live until it ends.

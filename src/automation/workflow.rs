@@ -14,6 +14,7 @@ use super::event::{AutomationEvent, HookMetadata};
 use super::interruption_id::InterruptionId;
 use super::round::RoundProgress;
 use super::token::HookTokens;
+use crate::audit::Audit;
 use crate::connector::{CallScope, Connectors};
 use crate::continuations::SqlContinuationStore;
 use crate::fault::{self, FaultPoint};
@@ -108,6 +109,9 @@ pub(crate) struct Deps {
     pub(crate) tokens: HookTokens,
     pub(crate) max_rounds: u32,
     pub(crate) sessions: SessionState,
+    /// The tenants' audit log: the connectors record their requests in it, and the workflow may
+    /// record the system's own acts ([`Audit::record`]).
+    pub(crate) audit: Audit,
 }
 
 fn console_json(outcome_console: &[resumable_runner::ConsoleLine]) -> Vec<Value> {
@@ -186,7 +190,11 @@ impl Deps {
         resume: Option<Resume>,
         step: StepContext,
     ) -> Result<RoundResult, StepError> {
-        let scope = CallScope { tenant: input.tenant.clone(), actor: input.submitted_by.clone() };
+        let scope = CallScope {
+            tenant: input.tenant.clone(),
+            actor: input.submitted_by.clone(),
+            audit: Some(self.audit.clone()),
+        };
         let connectors = self
             .connectors
             .host_functions(&scope, resume.as_ref().map(|r| r.connectors.as_deref().unwrap_or_default()));
