@@ -1,4 +1,4 @@
-//! The audit log's tables (`migrations/app/*/0004_audit.sql`): appending an entry to its tenant's
+//! The audit log's tables (`migrations/app/*/0005_audit.sql`): appending an entry to its tenant's
 //! chain, one tenant's turn at a time, and reading entries and heads back.
 
 use std::sync::{Arc, Mutex};

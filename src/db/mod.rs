@@ -41,14 +41,14 @@ const SQLITE_MIGRATIONS: &[Migration] = &[
     Migration::new(1, "app", include_str!("../../migrations/app/sqlite/0001_app.sql")),
     Migration::new(2, "sessions", include_str!("../../migrations/app/sqlite/0002_sessions.sql")),
     Migration::new(3, "approval_index", include_str!("../../migrations/app/sqlite/0003_approval_index.sql")),
-    Migration::new(4, "audit", include_str!("../../migrations/app/sqlite/0004_audit.sql")),
+    Migration::new(5, "audit", include_str!("../../migrations/app/sqlite/0005_audit.sql")),
 ];
 #[cfg(feature = "postgres")]
 const POSTGRES_MIGRATIONS: &[Migration] = &[
     Migration::new(1, "app", include_str!("../../migrations/app/postgres/0001_app.sql")),
     Migration::new(2, "sessions", include_str!("../../migrations/app/postgres/0002_sessions.sql")),
     Migration::new(3, "approval_index", include_str!("../../migrations/app/postgres/0003_approval_index.sql")),
-    Migration::new(4, "audit", include_str!("../../migrations/app/postgres/0004_audit.sql")),
+    Migration::new(5, "audit", include_str!("../../migrations/app/postgres/0005_audit.sql")),
 ];
 
 /// A lock id for PostgreSQL's advisory lock around migrations ("resumable-app").
