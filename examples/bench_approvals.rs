@@ -156,7 +156,7 @@ async fn repetition(
                     .collect();
                 let t1 = Instant::now();
                 automations
-                    .decide("bench", &id, DecisionBatch { decisions, actor: "bench".into() }, &["approver"])
+                    .decide("bench", &id, DecisionBatch { decisions, actor: "bench".into() }, &["approver"], None)
                     .await?;
                 automations.engine().wait_for(&id, Duration::from_secs(120)).await?;
                 let view = automations.get("bench", &id).await?;

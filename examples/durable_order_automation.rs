@@ -63,7 +63,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .map(|r| Decision { interruption_id: r.interruption_id.clone(), approved: true, reason: None })
         .collect();
     automations
-        .decide("acme", &id, DecisionBatch { decisions, actor: "example-approver".into() }, &["approver"])
+        .decide("acme", &id, DecisionBatch { decisions, actor: "example-approver".into() }, &["approver"], None)
         .await?;
     let done = automations.engine().wait_for(&id, Duration::from_secs(30)).await?;
     assert_eq!(done.status, RunStatus::Completed);

@@ -7,7 +7,8 @@
 //! * [`workflow`] — the durable engine: runs, steps, hooks and their stores;
 //!
 //! and the application built on them: [`automation`] (approval-gated scripts), [`session`],
-//! [`server`] (the HTTP approval service), [`db`] and [`orders`] (the demo order system).
+//! [`server`] (the HTTP approval service), [`audit`] (the tenants' hash-chained audit trail), [`db`]
+//! and [`orders`] (the demo order system).
 //!
 //! The most used names are re-exported at the top level.
 //!
@@ -40,6 +41,7 @@
 //! # }
 //! ```
 
+pub mod audit;
 pub mod automation;
 pub mod config;
 pub mod connector;

@@ -114,7 +114,7 @@ async fn approved_refund_happens_once_and_reads_are_not_repeated() {
     assert_eq!(s.automations.pending_approvals("acme", 10).await.unwrap().len(), 1);
     assert!(s.automations.pending_approvals("globex", 10).await.unwrap().is_empty());
 
-    assert_eq!(s.automations.decide("acme", &id, decide_all(&view, true), &["approver"]).await, Ok(1));
+    assert_eq!(s.automations.decide("acme", &id, decide_all(&view, true), &["approver"], None).await, Ok(1));
     let view = settled(&s, &id).await;
     assert_eq!(view.status, RunStatus::Completed, "{view:?}");
     let refund = &view.result.unwrap()["refund"];
@@ -122,12 +122,12 @@ async fn approved_refund_happens_once_and_reads_are_not_repeated() {
     assert_eq!(s.orders.refunds("acme").await.unwrap(), vec![("A-1002".to_owned(), 1500)]);
     assert_eq!(s.orders.live_calls(id.as_str(), "orders.get").await.unwrap(), 1, "replayed, not re-run");
     assert_eq!(
-        s.automations.decide("acme", &id, decide_all_ids(&["interrupt-2"]), &["approver"]).await,
+        s.automations.decide("acme", &id, decide_all_ids(&["interrupt-2"]), &["approver"], None).await,
         Err(AutomationError::AlreadyDecided),
         "decided already, even though the automation has ended"
     );
     assert_eq!(
-        s.automations.decide("acme", &id, decide_all_ids(&["interrupt-9"]), &["approver"]).await,
+        s.automations.decide("acme", &id, decide_all_ids(&["interrupt-9"]), &["approver"], None).await,
         Err(AutomationError::Ended(RunStatus::Completed)),
         "never decided, in an automation that has ended"
     );
@@ -150,7 +150,7 @@ async fn rejected_refund_changes_nothing_and_the_script_sees_it() {
     let s = service(&dir).await;
     let id = submit(&s, REFUND).await;
     let view = settled(&s, &id).await;
-    s.automations.decide("acme", &id, decide_all(&view, false), &["approver"]).await.unwrap();
+    s.automations.decide("acme", &id, decide_all(&view, false), &["approver"], None).await.unwrap();
     let view = settled(&s, &id).await;
     assert_eq!(view.result.unwrap()["refund"], json!({ "approved": false, "orderId": "A-1002", "reason": "checked" }));
     assert!(s.orders.refunds("acme").await.unwrap().is_empty());
@@ -168,18 +168,19 @@ async fn two_rounds_and_a_parallel_batch() {
     let view = settled(&s, &id).await;
     assert_eq!(view.pending.as_ref().unwrap().requests.len(), 2, "both refunds in one batch");
     // A batch that decides one of them counts; the round waits for the other.
-    s.automations.decide("acme", &id, decide_all_ids(&["interrupt-1"]), &["approver"]).await.unwrap();
+    s.automations.decide("acme", &id, decide_all_ids(&["interrupt-1"]), &["approver"], None).await.unwrap();
     let partly = s.automations.get("acme", &id).await.unwrap();
     let progress = &partly.pending.as_ref().expect("still pending").progress;
     assert_eq!(progress.iter().map(|p| p.approved_by.len()).collect::<Vec<_>>(), [1, 0], "{partly:?}");
     assert!(s.orders.refunds("acme").await.unwrap().is_empty(), "nothing resumes before the round is decided");
     // A batch that names the decided request too counts for nothing, and says why.
-    let mixed = s.automations.decide("acme", &id, decide_all_ids(&["interrupt-1", "interrupt-2"]), &["approver"]).await;
+    let mixed =
+        s.automations.decide("acme", &id, decide_all_ids(&["interrupt-1", "interrupt-2"]), &["approver"], None).await;
     assert_eq!(mixed, Err(AutomationError::AlreadyDecided));
-    s.automations.decide("acme", &id, decide_all_ids(&["interrupt-2"]), &["approver"]).await.unwrap();
+    s.automations.decide("acme", &id, decide_all_ids(&["interrupt-2"]), &["approver"], None).await.unwrap();
     let view = settled(&s, &id).await;
     assert_eq!(view.pending.as_ref().map(|p| p.round), Some(2), "{view:?}");
-    s.automations.decide("acme", &id, decide_all(&view, true), &["approver"]).await.unwrap();
+    s.automations.decide("acme", &id, decide_all(&view, true), &["approver"], None).await.unwrap();
     let view = settled(&s, &id).await;
     assert_eq!(view.result, Some(json!([[100, 200], 300])));
     assert_eq!(view.rounds, 2);
@@ -196,7 +197,7 @@ async fn a_new_service_on_the_same_database_finishes_the_automation() {
     s.automations.engine().shutdown().await;
     drop(s);
     let s = service(&dir).await;
-    s.automations.decide("acme", &id, decide_all(&view, true), &["approver"]).await.unwrap();
+    s.automations.decide("acme", &id, decide_all(&view, true), &["approver"], None).await.unwrap();
     let view = settled(&s, &id).await;
     assert_eq!(view.status, RunStatus::Completed);
     assert_eq!(s.orders.refunds("acme").await.unwrap().len(), 1);
@@ -213,7 +214,7 @@ async fn of_32_concurrent_decisions_exactly_one_is_applied() {
     let tasks: Vec<_> = (0..32)
         .map(|i| {
             let (automations, id, batch) = (s.automations.clone(), id.clone(), decide_all(&view, i % 2 == 0));
-            tokio::spawn(async move { automations.decide("acme", &id, batch, &["approver"]).await })
+            tokio::spawn(async move { automations.decide("acme", &id, batch, &["approver"], None).await })
         })
         .collect();
     let mut applied = 0;
@@ -303,7 +304,7 @@ async fn a_claim_left_by_a_dead_attempt_is_taken_over_by_the_next_attempt_of_the
     );
     // The round's first attempt finds the token claimed; the next attempt takes it over at once.
     let started = tokio::time::Instant::now();
-    assert_eq!(s.automations.decide("acme", &id, decide_all(&view, true), &["approver"]).await, Ok(1));
+    assert_eq!(s.automations.decide("acme", &id, decide_all(&view, true), &["approver"], None).await, Ok(1));
     let view = settled(&s, &id).await;
     assert_eq!(view.status, RunStatus::Completed, "{view:?}");
     assert!(started.elapsed() < Duration::from_secs(10), "taken over at once, not after the claim's lease");
@@ -333,7 +334,7 @@ async fn a_call_that_asks_twice_is_decided_in_each_round_under_the_same_id() {
     let s = Service { automations, orders: OrderBook::new(db.clone()), db };
     let id = submit(&s, "return await stage.approve()").await;
     let first = settled(&s, &id).await;
-    assert_eq!(s.automations.decide("acme", &id, decide_all(&first, true), &["approver"]).await, Ok(1));
+    assert_eq!(s.automations.decide("acme", &id, decide_all(&first, true), &["approver"], None).await, Ok(1));
     let deadline = tokio::time::Instant::now() + WAIT;
     let second = loop {
         let view = s.automations.get("acme", &id).await.unwrap();
@@ -345,12 +346,12 @@ async fn a_call_that_asks_twice_is_decided_in_each_round_under_the_same_id() {
     };
     let ids: Vec<&str> = second.pending.as_ref().unwrap().requests.iter().map(|r| r.interruption_id.as_str()).collect();
     assert_eq!(ids, ["interrupt-1"], "the same call asks again");
-    assert_eq!(s.automations.decide("acme", &id, decide_all(&second, true), &["approver"]).await, Ok(2));
+    assert_eq!(s.automations.decide("acme", &id, decide_all(&second, true), &["approver"], None).await, Ok(2));
     let done = settled(&s, &id).await;
     assert_eq!(done.status, RunStatus::Completed, "{done:?}");
     assert_eq!(done.result, Some(json!("approved twice")));
     assert_eq!(
-        s.automations.decide("acme", &id, decide_all(&second, true), &["approver"]).await,
+        s.automations.decide("acme", &id, decide_all(&second, true), &["approver"], None).await,
         Err(AutomationError::AlreadyDecided)
     );
     let _ = std::fs::remove_dir_all(dir);

@@ -39,6 +39,7 @@ pub use token::HookTokens;
 pub use view::{AutomationError, AutomationView, PendingApproval, RoundRecord};
 pub use workflow::{AutomationInput, HostProvider, PendingRequest, WORKFLOW};
 
+use crate::audit::{Actor, Audit, AuditEntry};
 use crate::connector::{APPROVAL_KIND, Connectors};
 use crate::continuations::SqlContinuationStore;
 use crate::db::AppDb;
@@ -160,6 +161,7 @@ impl AutomationsBuilder {
             .map_err(|e| AutomationError::Config(e.to_string()))?;
         let tokens = HookTokens::new(&self.secret);
         let state = SessionState::new(self.db.clone());
+        let audit = Audit::new(self.db.clone());
         let deps = Arc::new(Deps {
             runner,
             continuations,
@@ -171,6 +173,7 @@ impl AutomationsBuilder {
             sessions: state.clone(),
             expiry: self.expiry,
             engine: Arc::new(std::sync::OnceLock::new()),
+            audit: audit.clone(),
         });
         let webhooks = match self.webhooks {
             Some(webhooks) => webhooks,
@@ -204,7 +207,7 @@ impl AutomationsBuilder {
         }
         let engine = builder.build();
         let _ = workflow_deps.engine.set(engine.downgrade());
-        let sessions = Sessions::new(engine.clone(), tokens.clone(), state, self.policy_version.clone());
+        let sessions = Sessions::new(engine.clone(), tokens.clone(), state, self.policy_version.clone(), audit.clone());
         Ok(Automations {
             engine,
             tokens,
@@ -214,6 +217,7 @@ impl AutomationsBuilder {
             approvals,
             webhooks,
             deliveries,
+            audit,
         })
     }
 }
@@ -229,6 +233,7 @@ pub struct Automations {
     approvals: ApprovalIndex,
     webhooks: Webhooks,
     deliveries: DeliveryLog,
+    audit: Audit,
 }
 
 impl Automations {
@@ -276,28 +281,39 @@ impl Automations {
         &self.sessions
     }
 
+    /// The tenants' audit log, on the same database.
+    pub fn audit(&self) -> &Audit {
+        &self.audit
+    }
+
     /// Submits a script for `tenant`; returns the automation's id at once (it runs in the
     /// background). With an idempotency key, a repeated submission returns the first one's id.
+    ///
+    /// The submission is recorded in the tenant's audit log, once per automation (a repeated
+    /// submission adds nothing); if it cannot be, the answer is [`AutomationError::Audit`] (the
+    /// automation was started: submitting again with the same idempotency key records it).
     pub async fn submit(
         &self,
         tenant: &str,
         source: &str,
         context: Value,
-        submitted_by: &str,
+        submitted_by: impl Into<Actor>,
         idempotency_key: Option<String>,
     ) -> Result<RunId, AutomationError> {
+        let by = submitted_by.into();
         let input = AutomationInput {
             tenant: tenant.to_owned(),
             source: source.to_owned(),
             context,
             policy_version: self.policy_version.clone(),
-            submitted_by: submitted_by.to_owned(),
+            submitted_by: by.name.clone(),
             session: None,
             timeout_ms: None,
             webhooks: self.webhooks.subscribed(tenant),
         };
         let input = serde_json::to_value(&input).map_err(|e| AutomationError::Internal(e.to_string()))?;
         let keyed = idempotency_key.is_some();
+        let entry_key = idempotency_key.clone();
         let options = StartOptions { idempotency_key: idempotency_key.map(|k| format!("{tenant}:{k}")) };
         let id = self.engine.start(WORKFLOW, input.clone(), options).await?;
         if keyed {
@@ -308,7 +324,20 @@ impl Automations {
                 return Err(AutomationError::IdempotencyConflict);
             }
         }
+        let entry = AuditEntry::submission(by, id.as_str(), source, entry_key.as_deref());
+        self.record(tenant, entry).await?;
         Ok(id)
+    }
+
+    /// Appends `entry` to the audit log of `tenant`, after the act it records succeeded.
+    async fn record(&self, tenant: &str, entry: AuditEntry) -> Result<(), AutomationError> {
+        match self.audit.record(tenant, entry).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                tracing::error!(tenant, error = %e, "an act was done but its audit entry could not be written");
+                Err(AutomationError::Audit(e.to_string()))
+            }
+        }
     }
 
     /// The automation `id` of `tenant`; [`AutomationError::WrongTenant`] for another tenant's.
@@ -425,12 +454,17 @@ impl Automations {
     /// The decider (`batch.actor`, holding `roles`) must hold a role that may decide each request:
     /// one of a connector's `approvers`, or [`APPROVER_ROLE`] for any other request; and a
     /// connector with `four_eyes` refuses its submitter ([`AutomationError::FourEyes`]).
+    ///
+    /// A batch that counted is recorded in the tenant's audit log with the decider and the id of
+    /// the API key they decided with (`key_id`), and nothing else is; if it cannot be, the answer
+    /// is [`AutomationError::Audit`] (the batch counted).
     pub async fn decide(
         &self,
         tenant: &str,
         id: &RunId,
         batch: DecisionBatch,
         roles: &[&str],
+        key_id: Option<&str>,
     ) -> Result<u32, AutomationError> {
         let (run, input) = self.owned_run(tenant, id).await?;
         if self.all_decided(id, &batch).await? {
@@ -440,7 +474,13 @@ impl Automations {
             return Err(AutomationError::Ended(run.status));
         }
         match self.deliver(tenant, id, &batch, |pending| authorize(pending, &batch, roles, &input.submitted_by)).await {
-            Ok(round) => Ok(round),
+            Ok((round, received)) => {
+                let by = Actor { name: batch.actor.clone(), key_id: key_id.map(str::to_owned) };
+                let entry = AuditEntry::decision(by, id.as_str(), round, &batch.decisions)
+                    .dedup_key(format!("decision:{id}:{round}:{received}"));
+                self.record(tenant, entry).await?;
+                Ok(round)
+            }
             // The round may have moved on, or the automation ended, since the first look: what
             // was decided meanwhile decides the answer.
             Err(AutomationError::Invalid(_) | AutomationError::NotWaiting | AutomationError::AlreadyDecided)
@@ -460,14 +500,14 @@ impl Automations {
 
     /// Delivers `batch` to the open round's hook, if it counts there: [`AutomationError::AlreadyDecided`]
     /// when the batches before it decided a request it names, [`AutomationError::NotWaiting`]
-    /// when the round's hook is gone.
+    /// when the round's hook is gone. Answers the round and the batch's index among the hook's.
     async fn deliver(
         &self,
         tenant: &str,
         id: &RunId,
         batch: &DecisionBatch,
         authorize: impl FnOnce(&[PendingRequest]) -> Result<(), AutomationError>,
-    ) -> Result<u32, AutomationError> {
+    ) -> Result<(u32, u64), AutomationError> {
         let log = EventLog::read(&self.engine, id).await?;
         let Some((round, _)) = log.open_round() else { return Err(AutomationError::NotWaiting) };
         let token = self.tokens.for_round(id.as_str(), round);
@@ -495,7 +535,7 @@ impl Automations {
         // which the workflow folds in the same order.
         let before = self.engine.hook_payloads(id, hook.position, receipt.index).await?;
         RoundProgress::replay(&pending, &before).check(batch).map_err(refused)?;
-        Ok(round)
+        Ok((round, receipt.index))
     }
 
     /// Whether every interruption `batch` names was decided already, or by `batch`'s actor
@@ -540,13 +580,17 @@ impl Automations {
         Ok(true)
     }
 
-    /// Cancels automation `id` of `tenant`; returns its status afterwards.
-    pub async fn cancel(&self, tenant: &str, id: &RunId) -> Result<RunStatus, AutomationError> {
+    /// Cancels automation `id` of `tenant` for `by`; returns its status afterwards. The cancel
+    /// is recorded in the tenant's audit log with that status; if it cannot be, the answer is
+    /// [`AutomationError::Audit`] (the automation was cancelled).
+    pub async fn cancel(&self, tenant: &str, id: &RunId, by: impl Into<Actor>) -> Result<RunStatus, AutomationError> {
         let (run, _) = self.owned_run(tenant, id).await?;
         if run.status.is_terminal() {
             return Err(AutomationError::Ended(run.status));
         }
-        Ok(self.engine.cancel(id).await?)
+        let status = self.engine.cancel(id).await?;
+        self.record(tenant, AuditEntry::cancel(by, id.as_str(), &status.to_string())).await?;
+        Ok(status)
     }
 
     /// The events of automation `id` of `tenant` from index `from`, live until it ends.

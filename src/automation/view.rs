@@ -257,6 +257,8 @@ pub enum AutomationError {
     Config(String),
     /// The engine or the database failed.
     Internal(String),
+    /// The act was done, but its audit entry could not be written (`AUDIT_UNAVAILABLE`).
+    Audit(String),
 }
 
 impl fmt::Display for AutomationError {
@@ -277,6 +279,7 @@ impl fmt::Display for AutomationError {
             }
             AutomationError::Config(m) => write!(f, "configuration error: {m}"),
             AutomationError::Internal(m) => write!(f, "internal error: {m}"),
+            AutomationError::Audit(m) => write!(f, "done, but not recorded in the audit log: {m}"),
         }
     }
 }

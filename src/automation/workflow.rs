@@ -15,6 +15,7 @@ use super::expiry::{self, Alarm, Deadline, EXPIRED_REASON, ExpiryPolicies, OnExp
 use super::interruption_id::InterruptionId;
 use super::round::RoundProgress;
 use super::token::HookTokens;
+use crate::audit::{Actor, Audit, AuditEntry};
 use crate::connector::{CallScope, Connectors};
 use crate::continuations::SqlContinuationStore;
 use crate::fault::{self, FaultPoint};
@@ -116,6 +117,9 @@ pub(crate) struct Deps {
     /// The engine the workflow runs on, set once it is built: the system delivers its own
     /// decisions on expiry to a round's hook through it.
     pub(crate) engine: EngineSlot,
+    /// The tenants' audit log: the connectors record their requests in it, and the workflow may
+    /// record the system's own acts ([`Audit::record`]).
+    pub(crate) audit: Audit,
 }
 
 fn console_json(outcome_console: &[resumable_runner::ConsoleLine]) -> Vec<Value> {
@@ -204,7 +208,11 @@ impl Deps {
         resume: Option<Resume>,
         step: StepContext,
     ) -> Result<RoundResult, StepError> {
-        let scope = CallScope { tenant: input.tenant.clone(), actor: input.submitted_by.clone() };
+        let scope = CallScope {
+            tenant: input.tenant.clone(),
+            actor: input.submitted_by.clone(),
+            audit: Some(self.audit.clone()),
+        };
         let connectors = self.connectors.host_functions(&scope);
         let mut request = RunRequest::new(input.source.as_str())
             .host(with_context(
@@ -315,7 +323,8 @@ pub(crate) async fn run_automation(
                 let hook = ctx.hook(&deps.tokens.for_round(&id, round), metadata.to_value()).await?;
                 let event = AutomationEvent::ApprovalRequested { round, pending: pending.clone(), console };
                 publisher.publish(event.to_value()).await?;
-                let Some(progress) = wait_for_decisions(&deps, &ctx, &mut publisher, &hook, round, &pending).await?
+                let Some(progress) =
+                    wait_for_decisions(&deps, &ctx, &mut publisher, &hook, &input.tenant, round, &pending).await?
                 else {
                     let message = format!("a request of round {round} expired before anyone decided it");
                     let text = error_text(expiry::APPROVAL_EXPIRED, &message);
@@ -336,6 +345,11 @@ pub(crate) async fn run_automation(
     let code = "AUTOMATION_TOO_MANY_ROUNDS".to_owned();
     publisher.publish(AutomationEvent::Failed { round: None, code, message, console: Vec::new() }.to_value()).await?;
     Err(WorkflowError::msg(text))
+}
+
+/// What tells one expiry batch of a round from another: the requests it decides.
+fn expired_ids(batch: &DecisionBatch) -> String {
+    batch.decisions.iter().map(|d| d.interruption_id.to_string()).collect::<Vec<_>>().join(",")
 }
 
 /// Delivering the system's expiry decision is retried for about an hour before the automation
@@ -361,6 +375,7 @@ async fn wait_for_decisions(
     ctx: &WorkflowContext,
     publisher: &mut Publisher<'_>,
     hook: &resumable_workflow::Hook,
+    tenant: &str,
     round: u32,
     pending: &[PendingRequest],
 ) -> Result<Option<RoundProgress>, WorkflowError> {
@@ -388,6 +403,14 @@ async fn wait_for_decisions(
                 if progress.apply(&batch).is_err() {
                     continue;
                 }
+                // The system's decision is in the tenant's audit log like anyone's.
+                let (audit, tenant, automation) = (deps.audit.clone(), tenant.to_owned(), ctx.run_id().to_string());
+                let entry = AuditEntry::decision(Actor::new(SYSTEM_ACTOR), &automation, round, &batch.decisions)
+                    .dedup_key(format!("expiry:{automation}:{round}:{}", expired_ids(&batch)));
+                ctx.step("audit-expiry", move |_| async move {
+                    audit.record(&tenant, entry).await.map(|_| ()).map_err(|e| StepError::retryable(e.to_string()))
+                })
+                .await?;
                 let expired: Vec<&PendingRequest> = batch
                     .decisions
                     .iter()

@@ -1,5 +1,6 @@
 //! The command line: a top-level parser with one subcommand per task.
 
+mod audit;
 mod inspect;
 mod report;
 mod run;
@@ -46,6 +47,9 @@ pub enum Command {
     /// Work with a configuration file.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Work with the tenants' audit log.
+    #[command(subcommand)]
+    Audit(audit::AuditCommand),
     /// Serve runs on stdin/stdout as a worker process (started by the runner itself).
     #[command(name = "__worker", hide = true)]
     Worker,
@@ -68,6 +72,7 @@ impl Cli {
             Command::Migrate(args) => serve::execute_migrate(args),
             Command::Config(ConfigCommand::Check(args)) => serve::execute_config_check(args),
             Command::Functions(args) => serve::execute_functions(args),
+            Command::Audit(command) => audit::execute(command),
             Command::Worker => resumable::runner::process::serve_worker(),
         }
     }

@@ -7,6 +7,7 @@
 //! decision, and one request is sent (retried with the call's stable idempotency key). A
 //! rejected call sends nothing: the script gets `{approved: false, reason, decidedBy}`.
 
+mod audit;
 mod catalog;
 mod policy;
 mod request;
@@ -21,6 +22,7 @@ use serde_json::{Map, Value, json};
 pub use policy::Predicates;
 pub use signature::{TOLERANCE_SECS, sign, verify};
 
+use crate::audit::Audit;
 use crate::config::{Approval, FunctionConfig, FunctionName, render_summary};
 use request::Sender;
 pub(crate) use request::describe as describe_send_error;
@@ -88,13 +90,16 @@ impl std::fmt::Debug for Connectors {
     }
 }
 
-/// Who a call is made for: the request names them.
+/// Who a call is made for (the request names them), and the audit log its exchanges go to.
 #[derive(Clone, Debug)]
 pub struct CallScope {
     /// The tenant whose script calls.
     pub tenant: String,
     /// Who submitted the automation.
     pub actor: String,
+    /// Where each request is recorded before it is sent, and each attempt's outcome after it
+    /// (digests of the bodies, never the bodies); `None` records nothing.
+    pub audit: Option<Audit>,
 }
 
 /// A function's name and configuration with its signing secret, as the configuration file gives it.
@@ -263,7 +268,7 @@ impl ConnectorSet {
         if let Some(decision) = decision {
             body["decision"] = decision;
         }
-        self.sender.send(connector, &ctx, &body).await
+        self.sender.send(connector, &ctx, &body, scope).await
     }
 }
 

@@ -8,8 +8,9 @@ use reqwest::header::{CONTENT_TYPE, HeaderValue, RETRY_AFTER};
 use resumable_host::{HostCallContext, HostError};
 use serde_json::{Value, json};
 
-use super::Connector;
+use super::audit::{ExchangeLog, Outcome};
 use super::signature::sign;
+use super::{CallScope, Connector};
 
 /// How long one attempt may take unless the function says.
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
@@ -42,21 +43,28 @@ impl Sender {
         Ok(Sender { client })
     }
 
-    /// Sends `body` for a call of `connector`, retrying as its configuration allows.
+    /// Sends `body` for a call of `connector`, retrying as its configuration allows. With the
+    /// scope's audit log, the request is recorded in the audit log before anything is sent (nothing is when it
+    /// cannot be), and each attempt's outcome after it.
     pub(super) async fn send(
         &self,
         connector: &Connector,
         ctx: &HostCallContext,
         body: &Value,
+        scope: &CallScope,
     ) -> Result<Value, HostError> {
         let name = connector.name.as_str();
         let body = serde_json::to_vec(body).map_err(HostError::internal)?;
         let key = ctx.idempotency_key();
+        let log = scope.audit.as_ref().map(|audit| ExchangeLog::new(audit.clone(), scope, name, ctx, &body));
+        if let Some(log) = &log {
+            log.request().await?;
+        }
         let mut backoff = FIRST_BACKOFF;
         let mut attempt = 0;
         loop {
             attempt += 1;
-            let failure = match self.attempt(connector, &key, &body).await {
+            let failure = match self.attempt(connector, &key, &body, log.as_ref(), attempt).await {
                 Ok(value) => return Ok(value),
                 Err(failure) => failure,
             };
@@ -81,8 +89,15 @@ impl Sender {
         }
     }
 
-    /// One signed request.
-    async fn attempt(&self, connector: &Connector, key: &str, body: &[u8]) -> Result<Value, Failure> {
+    /// One signed request, attempt number `attempt`, its outcome recorded in `log`.
+    async fn attempt(
+        &self,
+        connector: &Connector,
+        key: &str,
+        body: &[u8],
+        log: Option<&ExchangeLog>,
+        attempt: u32,
+    ) -> Result<Value, Failure> {
         let name = connector.name.as_str();
         let timestamp = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_secs());
         let signature = sign(&connector.secret, key, timestamp, body);
@@ -98,20 +113,36 @@ impl Sender {
             .body(body.to_vec());
         let response = match request.send().await {
             Ok(response) => response,
-            Err(e) => return Err(Failure::Transient { why: describe(e), retry_after: None }),
+            Err(e) => {
+                let why = describe(e);
+                if let Some(log) = log {
+                    log.outcome(attempt, Outcome::NoResponse(&why)).await;
+                }
+                return Err(Failure::Transient { why, retry_after: None });
+            }
         };
         let status = response.status();
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let cap = connector.config.max_response_bytes;
+        // Read (within the cap) whatever the status, so that the log has the body's digest.
+        let body = read_capped(response, cap).await;
+        if let Some(log) = log {
+            let body = match &body {
+                Ok(body) => Ok(body.as_slice()),
+                Err(ReadError::TooLarge) => Err("the body is larger than the function's max_response_bytes"),
+                Err(ReadError::Broken(why)) => Err(why.as_str()),
+            };
+            log.outcome(attempt, Outcome::Response { status: status.as_u16(), body }).await;
+        }
         if status == StatusCode::TOO_MANY_REQUESTS || status.is_server_error() {
-            let retry_after = response
-                .headers()
-                .get(RETRY_AFTER)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.trim().parse::<u64>().ok())
-                .map(Duration::from_secs);
             return Err(Failure::Transient { why: format!("status {status}"), retry_after });
         }
-        let cap = connector.config.max_response_bytes;
-        let body = read_capped(response, cap).await.map_err(|e| match e {
+        let body = body.map_err(|e| match e {
             ReadError::TooLarge => Failure::Final(
                 HostError::new(format!("{name}: the response is larger than {cap} bytes"))
                     .with_details(json!({ "code": "CONNECTOR_RESPONSE_TOO_LARGE", "status": status.as_u16() })),

@@ -1,4 +1,4 @@
-//! The application database: continuations, the demo order system and the audit log, on the
+//! The application database: continuations, the demo order system, sessions and the audit log, on the
 //! same SQLite file or PostgreSQL database as the workflow engine.
 //!
 //! [`AppDb`] is one small query surface over two backends. Queries are written once in the SQL
@@ -33,8 +33,8 @@ use resumable_workflow::{SqliteStore, Store, StoreError};
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
 #[cfg(feature = "postgres")]
-use postgres::{pg_columns, pg_query, pg_row};
-use sqlite::{sqlite_execute, sqlite_fetch, sqlite_migrate, sqlite_transaction};
+use postgres::{pg_columns, pg_query, pg_row, pg_steps};
+use sqlite::{sqlite_execute, sqlite_fetch, sqlite_migrate, sqlite_read_then_write, sqlite_transaction};
 
 /// The application's migrations on each backend, recorded in [`MIGRATIONS_TABLE`].
 const SQLITE_MIGRATIONS: &[Migration] = &[
@@ -42,6 +42,7 @@ const SQLITE_MIGRATIONS: &[Migration] = &[
     Migration::new(2, "sessions", include_str!("../../migrations/app/sqlite/0002_sessions.sql")),
     Migration::new(3, "approval_index", include_str!("../../migrations/app/sqlite/0003_approval_index.sql")),
     Migration::new(4, "webhooks", include_str!("../../migrations/app/sqlite/0004_webhooks.sql")),
+    Migration::new(5, "audit", include_str!("../../migrations/app/sqlite/0005_audit.sql")),
 ];
 #[cfg(feature = "postgres")]
 const POSTGRES_MIGRATIONS: &[Migration] = &[
@@ -49,6 +50,7 @@ const POSTGRES_MIGRATIONS: &[Migration] = &[
     Migration::new(2, "sessions", include_str!("../../migrations/app/postgres/0002_sessions.sql")),
     Migration::new(3, "approval_index", include_str!("../../migrations/app/postgres/0003_approval_index.sql")),
     Migration::new(4, "webhooks", include_str!("../../migrations/app/postgres/0004_webhooks.sql")),
+    Migration::new(5, "audit", include_str!("../../migrations/app/postgres/0005_audit.sql")),
 ];
 
 /// A lock id for PostgreSQL's advisory lock around migrations ("resumable-app").
@@ -223,19 +225,50 @@ impl AppDb {
             #[cfg(feature = "postgres")]
             Conn::Postgres(pool) => {
                 let mut tx = pool.begin().await?;
-                for step in &steps {
-                    let affected = pg_query(step.sql, &step.params).execute(&mut *tx).await?.rows_affected();
-                    match step.decide(affected) {
-                        None => {}
-                        Some(TxOutcome::Committed) => break,
-                        Some(refused @ TxOutcome::Refused(_)) => {
-                            tx.rollback().await?;
-                            return Ok(refused);
-                        }
-                    }
+                let outcome = pg_steps(&mut tx, &steps).await?;
+                match outcome {
+                    TxOutcome::Committed => tx.commit().await?,
+                    TxOutcome::Refused(_) => tx.rollback().await?,
                 }
-                tx.commit().await?;
-                Ok(TxOutcome::Committed)
+                Ok(outcome)
+            }
+        }
+    }
+
+    /// Runs `sql` (a statement that returns rows, usually one that also locks or writes them:
+    /// `INSERT … ON CONFLICT … DO UPDATE … RETURNING`, `SELECT … FOR UPDATE`), then the steps
+    /// `then` builds from its rows, all in one transaction: the steps run as
+    /// [`AppDb::transaction`]'s do, and a refusal, an error, or an error of `then` rolls back the
+    /// first statement too.
+    ///
+    /// For a write that depends on what the database holds, with no other writer in between: on
+    /// PostgreSQL the first statement's row locks hold until the end; on SQLite the store's one
+    /// writer runs the whole.
+    pub async fn read_then_write<F>(&self, sql: &'static str, params: Vec<Param>, then: F) -> Result<TxOutcome, DbError>
+    where
+        F: FnOnce(Vec<Row>) -> Result<Vec<Step>, DbError> + Send + 'static,
+    {
+        match &self.conn {
+            Conn::Sqlite(store) => store.write(move |conn| sqlite_read_then_write(conn, sql, &params, then)).await?,
+            #[cfg(feature = "postgres")]
+            Conn::Postgres(pool) => {
+                let mut tx = pool.begin().await?;
+                let rows = pg_query(sql, &params).fetch_all(&mut *tx).await?;
+                let rows = match rows.first() {
+                    Some(first) => {
+                        let columns = pg_columns(first);
+                        rows.iter().map(|row| pg_row(row, &columns)).collect::<Result<Vec<_>, _>>()?
+                    }
+                    None => Vec::new(),
+                };
+                // An error drops the transaction, which rolls it back.
+                let steps = then(rows)?;
+                let outcome = pg_steps(&mut tx, &steps).await?;
+                match outcome {
+                    TxOutcome::Committed => tx.commit().await?,
+                    TxOutcome::Refused(_) => tx.rollback().await?,
+                }
+                Ok(outcome)
             }
         }
     }

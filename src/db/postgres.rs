@@ -6,7 +6,7 @@ use sqlx::postgres::{PgArguments, PgRow};
 use sqlx::query::Query;
 use sqlx::{Column as _, Postgres, Row as _, TypeInfo as _};
 
-use super::{DbError, Param, Row, SqlValue};
+use super::{DbError, Param, Row, SqlValue, Step, TxOutcome};
 
 /// A sqlx query of `sql` with `params` bound in order.
 pub(super) fn pg_query<'q>(sql: &'q str, params: &'q [Param]) -> Query<'q, Postgres, PgArguments> {
@@ -44,4 +44,17 @@ pub(super) fn pg_row(row: &PgRow, columns: &Arc<[String]>) -> Result<Row, DbErro
         })
         .collect::<Result<_, DbError>>()?;
     Ok(Row { columns: Arc::clone(columns), values })
+}
+
+/// Runs `steps` in order on the open transaction `tx`, each followed by what its guard decides;
+/// the caller commits on [`TxOutcome::Committed`] and rolls back on [`TxOutcome::Refused`].
+pub(super) async fn pg_steps(tx: &mut sqlx::PgConnection, steps: &[Step]) -> Result<TxOutcome, DbError> {
+    for step in steps {
+        let affected = pg_query(step.sql, &step.params).execute(&mut *tx).await?.rows_affected();
+        match step.decide(affected) {
+            None => {}
+            Some(outcome) => return Ok(outcome),
+        }
+    }
+    Ok(TxOutcome::Committed)
 }

@@ -123,3 +123,39 @@ pub(super) fn sqlite_transaction(conn: &rusqlite::Connection, steps: &[Step]) ->
     }
     outcome
 }
+
+/// Runs `sql`, then the steps `then` builds from its rows, inside a savepoint of the store's
+/// write transaction (see [`AppDb::read_then_write`](super::AppDb::read_then_write)): a refusal or
+/// an error of `then` rolls back the statement and the steps, and nothing else.
+pub(super) fn sqlite_read_then_write<F>(
+    conn: &rusqlite::Connection,
+    sql: &str,
+    params: &[Param],
+    then: F,
+) -> Result<Result<TxOutcome, DbError>, StoreError>
+where
+    F: FnOnce(Vec<Row>) -> Result<Vec<Step>, DbError>,
+{
+    const UNDO: &str = "ROLLBACK TO app_read_then_write; RELEASE app_read_then_write";
+    conn.execute_batch("SAVEPOINT app_read_then_write").map_err(sqlite)?;
+    let outcome = sqlite_query(conn, sql, params).map(|rows| then(rows).map(|steps| sqlite_transaction(conn, &steps)));
+    match outcome {
+        Ok(Ok(Ok(TxOutcome::Committed))) => {
+            conn.execute_batch("RELEASE app_read_then_write").map_err(sqlite)?;
+            Ok(Ok(TxOutcome::Committed))
+        }
+        Ok(Ok(Ok(refused @ TxOutcome::Refused(_)))) => {
+            conn.execute_batch(UNDO).map_err(sqlite)?;
+            Ok(Ok(refused))
+        }
+        Ok(Err(e)) => {
+            conn.execute_batch(UNDO).map_err(sqlite)?;
+            Ok(Err(e))
+        }
+        // The error matters more than a failure to undo (the store rolls the work back anyway).
+        Ok(Ok(Err(e))) | Err(e) => {
+            let _ = conn.execute_batch(UNDO);
+            Err(e)
+        }
+    }
+}

@@ -15,10 +15,11 @@ use sha2::{Digest, Sha256};
 use super::AppState;
 use super::error::ApiError;
 use super::throttle::client_ip;
+use crate::audit::Actor;
 
-/// What a caller may do: a free-form name. Two are built in: [`Role::SUBMITTER`] submits and
-/// cancels automations, [`Role::APPROVER`] lists and decides approvals; a function's
-/// `approvers` may name others.
+/// What a caller may do: a free-form name. Three are built in: [`Role::SUBMITTER`] submits and
+/// cancels automations, [`Role::APPROVER`] lists and decides approvals, [`Role::AUDITOR`] reads
+/// the audit log; a function's `approvers` may name others.
 #[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Deserialize, Serialize)]
 #[serde(try_from = "String")]
 pub struct Role(Cow<'static, str>);
@@ -28,6 +29,8 @@ impl Role {
     pub const SUBMITTER: Role = Role(Cow::Borrowed("submitter"));
     /// List and decide approvals, read automations.
     pub const APPROVER: Role = Role(Cow::Borrowed("approver"));
+    /// Read the tenant's audit log (`GET /v1/audit`).
+    pub const AUDITOR: Role = Role(Cow::Borrowed("auditor"));
 
     /// The role's name.
     pub fn as_str(&self) -> &str {
@@ -84,6 +87,24 @@ impl ApiKeyEntry {
     pub fn digest_of(key: &str) -> Option<[u8; 32]> {
         (key.chars().count() >= 8).then(|| digest(key))
     }
+
+    /// The key's id: see [`key_id`].
+    pub fn key_id(&self) -> String {
+        key_id(&self.digest)
+    }
+}
+
+/// The hex digits of a key's SHA-256 digest that make its id.
+pub const KEY_ID_HEX_DIGITS: usize = 12;
+
+/// The id of the key whose SHA-256 digest is `digest`: the first [`KEY_ID_HEX_DIGITS`] hex digits
+/// of the digest (`printf %s KEY | sha256sum | cut -c1-12`, or the start of a `key_sha256`).
+/// Stable for as long as the key is, and not the key: the audit log records it with what the key
+/// did.
+pub fn key_id(digest: &[u8; 32]) -> String {
+    let mut id = hex_simd::encode_to_string(digest, hex_simd::AsciiCase::Lower);
+    id.truncate(KEY_ID_HEX_DIGITS);
+    id
 }
 
 /// The keys file (`--keys FILE` or the `RESUMABLE_API_KEYS` environment variable): `{"keys": [...]}`.
@@ -103,9 +124,16 @@ pub struct Caller {
     pub tenant: String,
     /// Its roles.
     pub roles: Vec<Role>,
+    /// The id of the key it called with ([`key_id`]).
+    pub key_id: String,
 }
 
 impl Caller {
+    /// Who acts, for the audit log: the actor and the id of its key.
+    pub fn actor(&self) -> Actor {
+        Actor::new(self.actor.as_str()).with_key_id(self.key_id.as_str())
+    }
+
     /// Fails with 403 unless the caller has `role`.
     pub fn require(&self, role: Role) -> Result<(), ApiError> {
         if self.roles.contains(&role) {
@@ -196,7 +224,7 @@ impl ApiKeys {
             if k.actor.trim().eq_ignore_ascii_case(crate::automation::SYSTEM_ACTOR) {
                 return Err(KeysError::ReservedActor(i + 1));
             }
-            let caller = Caller { actor: k.actor, tenant: k.tenant, roles: k.roles };
+            let caller = Caller { key_id: k.key_id(), actor: k.actor, tenant: k.tenant, roles: k.roles };
             if by_digest.insert(k.digest, caller).is_some() {
                 return Err(KeysError::Duplicate(i + 1));
             }
@@ -310,6 +338,10 @@ mod tests {
         assert_eq!(keys.len(), 2);
         let acme = keys.caller("demo-acme").unwrap();
         assert_eq!((acme.tenant.as_str(), acme.require(Role::APPROVER)), ("acme", Ok(())));
+        // The key's id is the start of its SHA-256 digest, not the key.
+        let digest = hex_simd::encode_to_string(digest("demo-acme"), hex_simd::AsciiCase::Lower);
+        assert_eq!(acme.key_id, digest[..12]);
+        assert_eq!(acme.actor(), Actor::new("acme-demo").with_key_id(&digest[..12]));
         assert!(keys.caller("demo-globex").unwrap().require(Role::SUBMITTER).is_err());
         assert!(keys.caller("demo-acm").is_none());
         assert!(ApiKeys::from_json(r#"{"keys":[{"key":"short","actor":"a","tenant":"t","roles":[]}]}"#).is_err());

@@ -63,6 +63,16 @@ impl ApiError {
         ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "TOO_LARGE", message)
     }
 
+    /// 503: the request was carried out, but its audit entry could not be written (the log says
+    /// why). A retry of an idempotent request records it; a decision retried is `ALREADY_DECIDED`.
+    pub fn audit_unavailable() -> ApiError {
+        ApiError::new(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "AUDIT_UNAVAILABLE",
+            "the request was carried out, but its audit entry could not be written",
+        )
+    }
+
     /// 500: our fault; the details go to the log, not to the caller.
     pub fn internal(cause: impl std::fmt::Display) -> ApiError {
         tracing::error!(error = %cause, "internal error");
@@ -95,6 +105,8 @@ impl From<AutomationError> for ApiError {
                 ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, "INVALID_DECISIONS", message)
             }
             AutomationError::Config(_) | AutomationError::Internal(_) => ApiError::internal(message),
+            // The cause is in the log; the caller learns that the act stands.
+            AutomationError::Audit(_) => ApiError::audit_unavailable(),
         }
     }
 }

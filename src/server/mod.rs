@@ -4,6 +4,7 @@
 //! an actor with a tenant and roles. See `docs/api.md` for the endpoints and status codes. Next to it,
 //! [`inbox`] serves HTML pages at `/` where people sign in with their key and decide approvals.
 
+mod audit;
 mod auth;
 mod body;
 mod demo_app;
@@ -26,7 +27,7 @@ use axum::routing::{get, post};
 use resumable_runner::RunnerConfig;
 use tokio::sync::watch;
 
-pub use auth::{ApiKeyConfig, ApiKeyEntry, ApiKeys, ApiKeysConfig, Caller, KeysError, Role};
+pub use auth::{ApiKeyConfig, ApiKeyEntry, ApiKeys, ApiKeysConfig, Caller, KEY_ID_HEX_DIGITS, KeysError, Role, key_id};
 pub use demo_app::DemoApp;
 pub use error::ApiError;
 pub use inbox::InboxSettings;
@@ -86,6 +87,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/automations/{id}/decisions", post(routes::decide))
         .route("/v1/automations/{id}/cancel", post(routes::cancel))
         .route("/v1/approvals", get(routes::approvals))
+        .route("/v1/audit", get(audit::audit))
         .route("/v1/functions", get(routes::functions))
         .route("/v1/functions.d.ts", get(routes::functions_typescript))
         .route("/v1/webhooks/deliveries", get(routes::webhook_deliveries))

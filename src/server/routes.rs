@@ -74,7 +74,7 @@ pub async fn submit(
         return Err(ApiError::bad_request("idempotencyKey must have 1 to 200 characters"));
     }
     let id =
-        state.automations.submit(&caller.tenant, &req.source, req.context, &caller.actor, req.idempotency_key).await?;
+        state.automations.submit(&caller.tenant, &req.source, req.context, caller.actor(), req.idempotency_key).await?;
     Ok((StatusCode::ACCEPTED, Json(json!({ "id": id }))).into_response())
 }
 
@@ -178,7 +178,8 @@ pub async fn decide(
     // Which roles may decide depends on each request: the automation checks them.
     let batch = DecisionBatch { decisions: req.decisions, actor: caller.actor.clone() };
     let roles: Vec<&str> = caller.roles.iter().map(Role::as_str).collect();
-    let round = state.automations.decide(&caller.tenant, &automation_id(&id)?, batch, &roles).await?;
+    let round =
+        state.automations.decide(&caller.tenant, &automation_id(&id)?, batch, &roles, Some(&caller.key_id)).await?;
     crate::fault::reached(crate::fault::FaultPoint::DecisionCommitted);
     tracing::info!(automation = %id, round, actor = %caller.actor, "decision delivered");
     Ok((StatusCode::ACCEPTED, Json(json!({ "id": id, "round": round }))).into_response())
@@ -191,7 +192,7 @@ pub async fn cancel(
     Path(id): Path<String>,
 ) -> Result<Response, ApiError> {
     caller.require(Role::SUBMITTER)?;
-    let status = state.automations.cancel(&caller.tenant, &automation_id(&id)?).await?;
+    let status = state.automations.cancel(&caller.tenant, &automation_id(&id)?, caller.actor()).await?;
     Ok((StatusCode::ACCEPTED, Json(json!({ "id": id, "status": status }))).into_response())
 }
 

@@ -73,6 +73,8 @@ impl IntoResponse for Failure {
             SessionError::NotRunning => ApiError::new(StatusCode::CONFLICT, "NOT_RUNNING", message).into_response(),
             SessionError::Full(_) => ApiError::new(StatusCode::CONFLICT, "SESSION_FULL", message).into_response(),
             SessionError::Internal(_) => ApiError::internal(message).into_response(),
+            // The cause is in the log; the caller learns that the act stands.
+            SessionError::Audit(_) => ApiError::audit_unavailable().into_response(),
         }
     }
 }
@@ -105,7 +107,7 @@ pub async fn start(
         idle: req.idle_ms.map_or(defaults.idle, Duration::from_millis),
         command_timeout: req.command_timeout_ms.map_or(defaults.command_timeout, Duration::from_millis),
     };
-    let id = state.automations.sessions().start(&caller.tenant, &caller.actor, options).await?;
+    let id = state.automations.sessions().start(&caller.tenant, caller.actor(), options).await?;
     Ok((StatusCode::CREATED, Json(json!({ "id": id, "status": "active" }))).into_response())
 }
 
@@ -126,13 +128,13 @@ pub async fn command(
     let id = session_id(&id)?;
     let sessions = state.automations.sessions();
     if req.source.trim() == DESTROY_COMMAND {
-        sessions.destroy(&caller.tenant, &id, &caller.actor).await?;
+        sessions.destroy(&caller.tenant, &id, caller.actor()).await?;
         return Ok((StatusCode::ACCEPTED, Json(json!({ "session": id, "status": "destroyed" }))).into_response());
     }
     if req.source.len() > MAX_SOURCE_BYTES {
         return Err(ApiError::too_large(format!("the script is larger than {MAX_SOURCE_BYTES} bytes")).into());
     }
-    let command = sessions.command(&caller.tenant, &id, &req.source, &caller.actor).await?;
+    let command = sessions.command(&caller.tenant, &id, &req.source, caller.actor()).await?;
     Ok((StatusCode::ACCEPTED, Json(json!({ "session": id, "command": command }))).into_response())
 }
 
@@ -144,7 +146,7 @@ pub async fn cancel(
 ) -> Result<Response, Failure> {
     caller.require(Role::SUBMITTER)?;
     let id = session_id(&id)?;
-    let command = state.automations.sessions().cancel_command(&caller.tenant, &id).await?;
+    let command = state.automations.sessions().cancel_command(&caller.tenant, &id, caller.actor()).await?;
     Ok((StatusCode::ACCEPTED, Json(json!({ "session": id, "command": command, "status": "cancelled" })))
         .into_response())
 }
@@ -157,7 +159,7 @@ pub async fn destroy(
 ) -> Result<Response, Failure> {
     caller.require(Role::SUBMITTER)?;
     let id = session_id(&id)?;
-    state.automations.sessions().destroy(&caller.tenant, &id, &caller.actor).await?;
+    state.automations.sessions().destroy(&caller.tenant, &id, caller.actor()).await?;
     Ok((StatusCode::ACCEPTED, Json(json!({ "session": id, "status": "destroyed" }))).into_response())
 }
 

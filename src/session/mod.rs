@@ -28,6 +28,7 @@ pub use workflow::{SessionInput, SessionMessage, WORKFLOW};
 
 pub(crate) use workflow::{Deps, run_session};
 
+use crate::audit::{Actor, Audit, AuditEntry};
 use crate::automation::HookTokens;
 
 /// The events read per page when a session's history is summarized.
@@ -101,6 +102,8 @@ pub enum SessionError {
     Full(String),
     /// Our fault.
     Internal(String),
+    /// The act was done, but its audit entry could not be written (`AUDIT_UNAVAILABLE`).
+    Audit(String),
 }
 
 impl fmt::Display for SessionError {
@@ -111,6 +114,7 @@ impl fmt::Display for SessionError {
             SessionError::Invalid(message) | SessionError::Full(message) => f.write_str(message),
             SessionError::NotRunning => f.write_str("no command of this session is running"),
             SessionError::Internal(message) => write!(f, "internal error: {message}"),
+            SessionError::Audit(message) => write!(f, "done, but not recorded in the audit log: {message}"),
         }
     }
 }
@@ -158,11 +162,29 @@ pub struct Sessions {
     tokens: HookTokens,
     state: SessionState,
     policy_version: String,
+    audit: Audit,
 }
 
 impl Sessions {
-    pub(crate) fn new(engine: Engine, tokens: HookTokens, state: SessionState, policy_version: String) -> Sessions {
-        Sessions { engine, tokens, state, policy_version }
+    pub(crate) fn new(
+        engine: Engine,
+        tokens: HookTokens,
+        state: SessionState,
+        policy_version: String,
+        audit: Audit,
+    ) -> Sessions {
+        Sessions { engine, tokens, state, policy_version, audit }
+    }
+
+    /// Appends `entry` to the audit log of `tenant`, after the act it records succeeded.
+    async fn record(&self, tenant: &str, entry: AuditEntry) -> Result<(), SessionError> {
+        match self.audit.record(tenant, entry).await {
+            Ok(_) => Ok(()),
+            Err(e) => {
+                tracing::error!(tenant, error = %e, "a session's act was done but its audit entry failed");
+                Err(SessionError::Audit(e.to_string()))
+            }
+        }
     }
 
     /// What the session workflow needs, on the engine's `store`.
@@ -174,24 +196,42 @@ impl Sessions {
         Arc::new(Deps { state, tokens, store })
     }
 
-    /// Starts a session for `tenant`; returns its id.
-    pub async fn start(&self, tenant: &str, actor: &str, options: SessionOptions) -> Result<RunId, SessionError> {
+    /// Starts a session for `tenant`; returns its id. The start is recorded in the tenant's
+    /// audit log (as every act below that succeeds); if it cannot be, the answer is
+    /// [`SessionError::Audit`].
+    pub async fn start(
+        &self,
+        tenant: &str,
+        actor: impl Into<Actor>,
+        options: SessionOptions,
+    ) -> Result<RunId, SessionError> {
         options.validate()?;
+        let by = actor.into();
         let input = SessionInput {
             tenant: tenant.to_owned(),
-            created_by: actor.to_owned(),
+            created_by: by.name.clone(),
             idle_ms: u64::try_from(options.idle.as_millis()).unwrap_or(u64::MAX),
             command_timeout_ms: u64::try_from(options.command_timeout.as_millis()).unwrap_or(u64::MAX),
             policy_version: self.policy_version.clone(),
         };
+        let (idle_ms, command_timeout_ms) = (input.idle_ms, input.command_timeout_ms);
         let input = serde_json::to_value(&input).map_err(|e| SessionError::Internal(e.to_string()))?;
-        Ok(self.engine.start(WORKFLOW, input, StartOptions::default()).await?)
+        let id = self.engine.start(WORKFLOW, input, StartOptions::default()).await?;
+        self.record(tenant, AuditEntry::session_start(by, id.as_str(), idle_ms, command_timeout_ms)).await?;
+        Ok(id)
     }
 
     /// Queues `source` as the session's next command; returns its number (1 for the first).
     /// A session takes at most [`MAX_COMMANDS`] commands and [`MAX_SOURCE_BYTES`] of sources:
     /// every wake-up replays its history, so a longer one belongs in a new session.
-    pub async fn command(&self, tenant: &str, id: &RunId, source: &str, actor: &str) -> Result<u64, SessionError> {
+    pub async fn command(
+        &self,
+        tenant: &str,
+        id: &RunId,
+        source: &str,
+        actor: impl Into<Actor>,
+    ) -> Result<u64, SessionError> {
+        let by = actor.into();
         self.live(tenant, id).await?;
         if !self.state.take_command(id.as_str(), source.len(), MAX_COMMANDS, MAX_SOURCE_BYTES).await? {
             return Err(SessionError::Full(format!(
@@ -199,33 +239,39 @@ impl Sessions {
                  start a new session"
             )));
         }
-        let message = SessionMessage::Command { source: source.to_owned(), submitted_by: actor.to_owned() };
+        let message = SessionMessage::Command { source: source.to_owned(), submitted_by: by.name.clone() };
         let number = self.deliver(id, &message).await? + 1;
         // A destroy that came in meanwhile skips this command (or ends the session before it).
         if self.state.end_requested_by(id.as_str()).await?.is_some() {
             return Err(SessionError::Gone { id: id.to_string(), status: "destroyed" });
         }
+        self.record(tenant, AuditEntry::session_command(by, id.as_str(), number, source)).await?;
         Ok(number)
     }
 
     /// Ends the session: commands queued before are skipped, the running one is cancelled, its
     /// state is deleted, and it records `destroyed`.
-    pub async fn destroy(&self, tenant: &str, id: &RunId, actor: &str) -> Result<(), SessionError> {
+    pub async fn destroy(&self, tenant: &str, id: &RunId, actor: impl Into<Actor>) -> Result<(), SessionError> {
+        let by = actor.into();
         self.live(tenant, id).await?;
-        self.state.request_end(id.as_str(), actor).await?;
+        self.state.request_end(id.as_str(), &by.name).await?;
         if let Some((_, automation)) = Summary::read(&self.engine, id).await?.running {
             self.engine.cancel(&automation).await?;
         }
-        self.deliver(id, &SessionMessage::Destroy { by: actor.to_owned() }).await?;
+        self.deliver(id, &SessionMessage::Destroy { by: by.name.clone() }).await?;
+        self.record(tenant, AuditEntry::session_destroy(by, id.as_str())).await?;
         Ok(())
     }
 
-    /// Cancels the running command (it ends with `RUN_ABORTED`); returns its number.
-    pub async fn cancel_command(&self, tenant: &str, id: &RunId) -> Result<u64, SessionError> {
+    /// Cancels the running command for `by` (it ends with `RUN_ABORTED`); returns its number.
+    pub async fn cancel_command(&self, tenant: &str, id: &RunId, by: impl Into<Actor>) -> Result<u64, SessionError> {
         self.live(tenant, id).await?;
         let (command, automation) = Summary::read(&self.engine, id).await?.running.ok_or(SessionError::NotRunning)?;
         match self.engine.cancel(&automation).await? {
-            RunStatus::Cancelled => Ok(command),
+            RunStatus::Cancelled => {
+                self.record(tenant, AuditEntry::session_cancel(by, id.as_str(), command)).await?;
+                Ok(command)
+            }
             _ => Err(SessionError::NotRunning),
         }
     }

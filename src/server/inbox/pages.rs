@@ -114,7 +114,7 @@ pub async fn decide(
     };
     let batch = decision_form::parse(&form, &pending, &caller.actor)?;
     let roles: Vec<&str> = caller.roles.iter().map(Role::as_str).collect();
-    let round = state.automations.decide(&caller.tenant, &run, batch, &roles).await?;
+    let round = state.automations.decide(&caller.tenant, &run, batch, &roles, Some(&caller.key_id)).await?;
     tracing::info!(automation = %run, round, actor = %caller.actor, "decision delivered from the inbox");
     Ok(Redirect::to(&format!("/automations/{run}")).into_response())
 }
