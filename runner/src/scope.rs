@@ -57,7 +57,7 @@ impl Scope {
     /// and `host`.
     pub(crate) fn new(audience: &str, host: &HostFunctions, context: &Value, source_hash: &[u8; 32]) -> Scope {
         let mut canonical = String::new();
-        canonical_json(context, &mut canonical);
+        write_canonical(context, &mut canonical);
         let binding = fields([SCOPE_DOMAIN, audience.as_bytes(), canonical.as_bytes(), source_hash]);
         let names: Vec<&str> = host.names().collect();
         let legacy = fields([
@@ -173,7 +173,15 @@ fn field(h: &mut Sha256, bytes: &[u8]) {
 }
 
 /// JSON with object keys sorted, independent of how `serde_json` orders maps.
-fn canonical_json(value: &Value, out: &mut String) {
+/// `value` as JSON text with object keys sorted at every depth and no whitespace: the same text
+/// for equal values, whatever order their maps were built in.
+pub fn canonical_json(value: &Value) -> String {
+    let mut out = String::new();
+    write_canonical(value, &mut out);
+    out
+}
+
+fn write_canonical(value: &Value, out: &mut String) {
     match value {
         Value::Object(map) => {
             let mut keys: Vec<&String> = map.keys().collect();
@@ -185,7 +193,7 @@ fn canonical_json(value: &Value, out: &mut String) {
                 }
                 crate::sandbox::write_json_string(out, key);
                 out.push(':');
-                canonical_json(&map[key], out);
+                write_canonical(&map[key], out);
             }
             out.push('}');
         }
@@ -195,7 +203,7 @@ fn canonical_json(value: &Value, out: &mut String) {
                 if i > 0 {
                     out.push(',');
                 }
-                canonical_json(item, out);
+                write_canonical(item, out);
             }
             out.push(']');
         }
