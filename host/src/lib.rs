@@ -40,4 +40,4 @@ pub use name::{IdentifierError, NameError, is_reserved_namespace, validate_funct
 pub use registry::{
     HostFunction, HostFunctions, HostFunctionsBuilder, HostFuture, HostResult, unknown_function_message,
 };
-pub use signature::Signature;
+pub use signature::{Signature, canonical_json};

@@ -36,9 +36,7 @@ impl Signature {
     /// The parameters `description` describes, as canonical JSON: object keys sorted, no
     /// whitespace, so that equal descriptions have equal signatures however they were built.
     pub fn of(description: &Value) -> Signature {
-        let mut text = String::new();
-        canonical(description, &mut text);
-        Signature(text.into())
+        Signature(canonical_json(description).into())
     }
 
     /// The canonical text (empty when untyped).
@@ -56,6 +54,15 @@ impl fmt::Debug for Signature {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.is_untyped() { f.write_str("Signature(untyped)") } else { write!(f, "Signature({})", self.0) }
     }
+}
+
+/// `value` as JSON text with object keys sorted at every depth and no whitespace: the same text
+/// for equal values, whatever order their maps were built in (signatures, scope hashes and the
+/// audit log hash it).
+pub fn canonical_json(value: &Value) -> String {
+    let mut out = String::new();
+    canonical(value, &mut out);
+    out
 }
 
 /// Appends `value` as JSON with every object's keys sorted (whatever order the map keeps).

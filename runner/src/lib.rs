@@ -18,7 +18,6 @@ mod link;
 mod outcome;
 mod sandbox;
 mod scope;
-pub use scope::canonical_json;
 mod state;
 mod store;
 mod text;

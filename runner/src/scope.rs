@@ -56,8 +56,7 @@ impl Scope {
     /// The scope of a run of the source hashed `source_hash` for `audience`, with `context`
     /// and `host`.
     pub(crate) fn new(audience: &str, host: &HostFunctions, context: &Value, source_hash: &[u8; 32]) -> Scope {
-        let mut canonical = String::new();
-        write_canonical(context, &mut canonical);
+        let canonical = resumable_host::canonical_json(context);
         let binding = fields([SCOPE_DOMAIN, audience.as_bytes(), canonical.as_bytes(), source_hash]);
         let names: Vec<&str> = host.names().collect();
         let legacy = fields([
@@ -170,45 +169,6 @@ fn fields<const N: usize>(parts: [&[u8]; N]) -> [u8; 32] {
 fn field(h: &mut Sha256, bytes: &[u8]) {
     h.update((bytes.len() as u64).to_le_bytes());
     h.update(bytes);
-}
-
-/// JSON with object keys sorted, independent of how `serde_json` orders maps.
-/// `value` as JSON text with object keys sorted at every depth and no whitespace: the same text
-/// for equal values, whatever order their maps were built in.
-pub fn canonical_json(value: &Value) -> String {
-    let mut out = String::new();
-    write_canonical(value, &mut out);
-    out
-}
-
-fn write_canonical(value: &Value, out: &mut String) {
-    match value {
-        Value::Object(map) => {
-            let mut keys: Vec<&String> = map.keys().collect();
-            keys.sort_unstable();
-            out.push('{');
-            for (i, key) in keys.into_iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                crate::sandbox::write_json_string(out, key);
-                out.push(':');
-                write_canonical(&map[key], out);
-            }
-            out.push('}');
-        }
-        Value::Array(items) => {
-            out.push('[');
-            for (i, item) in items.iter().enumerate() {
-                if i > 0 {
-                    out.push(',');
-                }
-                write_canonical(item, out);
-            }
-            out.push(']');
-        }
-        other => out.push_str(&other.to_string()),
-    }
 }
 
 #[cfg(test)]

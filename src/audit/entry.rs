@@ -211,7 +211,7 @@ pub fn sha256_hex(bytes: &[u8]) -> String {
     hex_simd::encode_to_string(Sha256::digest(bytes), hex_simd::AsciiCase::Lower)
 }
 
-pub use resumable_runner::canonical_json;
+pub use resumable_host::canonical_json;
 
 #[cfg(test)]
 mod tests {

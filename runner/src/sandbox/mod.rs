@@ -12,4 +12,4 @@ mod serialize;
 mod stack_guard;
 
 pub(crate) use engine::Engine;
-pub(crate) use serialize::{MAX_DEPTH, write_json_string};
+pub(crate) use serialize::MAX_DEPTH;
