@@ -18,6 +18,7 @@ mod event;
 mod expiry;
 mod interruption_id;
 mod round;
+mod tenant_feed;
 mod token;
 mod view;
 mod workflow;
@@ -35,6 +36,7 @@ pub use event::{AutomationEvent, HookMetadata};
 pub use expiry::{APPROVAL_EXPIRED, Deadline, EXPIRED_REASON, ExpiryPolicies, ExpiryPolicy, OnExpiry, SYSTEM_ACTOR};
 pub use interruption_id::InterruptionId;
 pub use round::RequestProgress;
+pub use tenant_feed::{Source, TenantEvent, TenantFeed};
 pub use token::HookTokens;
 pub use view::{AutomationError, AutomationView, PendingApproval, RoundRecord};
 pub use workflow::{AutomationInput, HostProvider, PendingRequest, WORKFLOW};
@@ -314,7 +316,10 @@ impl Automations {
         let input = serde_json::to_value(&input).map_err(|e| AutomationError::Internal(e.to_string()))?;
         let keyed = idempotency_key.is_some();
         let entry_key = idempotency_key.clone();
-        let options = StartOptions { idempotency_key: idempotency_key.map(|k| format!("{tenant}:{k}")) };
+        let options = StartOptions {
+            idempotency_key: idempotency_key.map(|k| format!("{tenant}:{k}")),
+            feed: Some(tenant.into()),
+        };
         let id = self.engine.start(WORKFLOW, input.clone(), options).await?;
         if keyed {
             // A key reused for a different script is a client error, not the same submission.
@@ -591,6 +596,12 @@ impl Automations {
         let status = self.engine.cancel(id).await?;
         self.record(tenant, AuditEntry::cancel(by, id.as_str(), &status.to_string())).await?;
         Ok(status)
+    }
+
+    /// The events of every automation and session of `tenant`, from cursor `from` on (1, or 0, is
+    /// the first), in the order they committed, then live.
+    pub fn feed(&self, tenant: &str, from: u64) -> TenantFeed {
+        TenantFeed::new(self.engine.read_feed(tenant, from))
     }
 
     /// The events of automation `id` of `tenant` from index `from`, live until it ends.

@@ -43,6 +43,7 @@ const SQLITE_MIGRATIONS: &[Migration] = &[
     Migration::new(3, "approval_index", include_str!("../../migrations/app/sqlite/0003_approval_index.sql")),
     Migration::new(4, "webhooks", include_str!("../../migrations/app/sqlite/0004_webhooks.sql")),
     Migration::new(5, "audit", include_str!("../../migrations/app/sqlite/0005_audit.sql")),
+    Migration::new(6, "tenant_feeds", include_str!("../../migrations/app/sqlite/0006_tenant_feeds.sql")),
 ];
 #[cfg(feature = "postgres")]
 const POSTGRES_MIGRATIONS: &[Migration] = &[
@@ -51,6 +52,7 @@ const POSTGRES_MIGRATIONS: &[Migration] = &[
     Migration::new(3, "approval_index", include_str!("../../migrations/app/postgres/0003_approval_index.sql")),
     Migration::new(4, "webhooks", include_str!("../../migrations/app/postgres/0004_webhooks.sql")),
     Migration::new(5, "audit", include_str!("../../migrations/app/postgres/0005_audit.sql")),
+    Migration::new(6, "tenant_feeds", include_str!("../../migrations/app/postgres/0006_tenant_feeds.sql")),
 ];
 
 /// A lock id for PostgreSQL's advisory lock around migrations ("resumable-app").

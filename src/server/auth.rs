@@ -142,6 +142,16 @@ impl Caller {
             Err(ApiError::forbidden(format!("this API key does not have the {role} role")))
         }
     }
+
+    /// Fails with 403 unless the caller has one of `roles`.
+    pub fn require_any(&self, roles: &[Role]) -> Result<(), ApiError> {
+        if roles.iter().any(|role| self.roles.contains(role)) {
+            Ok(())
+        } else {
+            let names: Vec<&str> = roles.iter().map(Role::as_str).collect();
+            Err(ApiError::forbidden(format!("this API key has none of the roles {}", names.join(", "))))
+        }
+    }
 }
 
 /// The configured keys, looked up by their SHA-256 digest (keys are not kept in clear).

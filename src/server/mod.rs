@@ -9,6 +9,7 @@ mod auth;
 mod body;
 mod demo_app;
 mod error;
+mod feed;
 pub mod inbox;
 mod routes;
 mod secret;
@@ -87,6 +88,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/automations/{id}/decisions", post(routes::decide))
         .route("/v1/automations/{id}/cancel", post(routes::cancel))
         .route("/v1/approvals", get(routes::approvals))
+        .route("/v1/events", get(feed::feed))
         .route("/v1/audit", get(audit::audit))
         .route("/v1/functions", get(routes::functions))
         .route("/v1/functions.d.ts", get(routes::functions_typescript))

@@ -5,7 +5,7 @@ use axum::body::Body;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use futures_util::stream;
+use futures_util::{StreamExt, stream};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -103,17 +103,30 @@ pub async fn events(
 /// A stream's events as an NDJSON response (`{"index", "event"}` per line), live until the run
 /// ends or the server shuts down. A client that disconnects only drops its reader.
 pub(super) fn ndjson_events(reader: StreamReader, shutting_down: watch::Receiver<bool>) -> Response {
-    let lines = stream::unfold((reader, shutting_down), |(mut reader, mut stop)| async move {
+    let lines = stream::unfold(reader, |mut reader| async move {
+        let line = reader.next().await?.map(|(index, event)| json!({ "index": index, "event": event }));
+        Some((line, reader))
+    });
+    ndjson(lines, shutting_down)
+}
+
+/// `lines` as an NDJSON response, one JSON value per line, until they end, one fails (logged) or
+/// the server shuts down.
+pub(super) fn ndjson<E: std::fmt::Display>(
+    lines: impl futures_util::Stream<Item = Result<Value, E>> + Send + 'static,
+    shutting_down: watch::Receiver<bool>,
+) -> Response {
+    let lines = stream::unfold((Box::pin(lines), shutting_down), |(mut lines, mut stop)| async move {
         let next = tokio::select! {
-            next = reader.next() => next?,
+            next = lines.next() => next?,
             // A dropped sender (no graceful shutdown) disables this branch.
             Ok(_) = stop.wait_for(|stopping| *stopping) => return None,
         };
         match next {
-            Ok((index, event)) => {
-                let mut line = json!({ "index": index, "event": event }).to_string();
+            Ok(value) => {
+                let mut line = value.to_string();
                 line.push('\n');
-                Some((Ok::<_, std::io::Error>(line), (reader, stop)))
+                Some((Ok::<_, std::io::Error>(line), (lines, stop)))
             }
             Err(e) => {
                 tracing::warn!(error = %e, "event stream ended early");

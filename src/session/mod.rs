@@ -216,7 +216,7 @@ impl Sessions {
         };
         let (idle_ms, command_timeout_ms) = (input.idle_ms, input.command_timeout_ms);
         let input = serde_json::to_value(&input).map_err(|e| SessionError::Internal(e.to_string()))?;
-        let id = self.engine.start(WORKFLOW, input, StartOptions::default()).await?;
+        let id = self.engine.start(WORKFLOW, input, StartOptions::default().in_feed(tenant)).await?;
         self.record(tenant, AuditEntry::session_start(by, id.as_str(), idle_ms, command_timeout_ms)).await?;
         Ok(id)
     }

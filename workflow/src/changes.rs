@@ -18,6 +18,8 @@ pub(crate) struct RunChanges {
     runs: Mutex<HashMap<RunId, (Arc<Notify>, usize)>>,
     /// Signalled when some run, unknown which, may have changed (another process's hint).
     any: Notify,
+    /// Signalled whenever a run of this process appends to its stream (for feed readers).
+    appended: Notify,
 }
 
 impl RunChanges {
@@ -27,6 +29,18 @@ impl RunChanges {
         if let Some((notify, _)) = runs.get(run) {
             notify.notify_waiters();
         }
+    }
+
+    /// Wakes the feed readers: `run` appended to its stream.
+    pub(crate) fn notify_appended(&self, run: &RunId) {
+        self.notify(run);
+        self.appended.notify_waiters();
+    }
+
+    /// A wake-up for the next append of any run, or another process's hint, armed at once (as
+    /// [`RunListener::next_change`]).
+    pub(crate) fn next_append(&self) -> impl Future<Output = ()> + '_ {
+        either(&self.appended, &self.any)
     }
 
     /// Wakes every waiter of every run.
@@ -60,15 +74,20 @@ impl RunListener<'_> {
     /// A wake-up for the run's next change, armed at once: create it before reading the state it
     /// guards, await it after, and a change made in between is not missed.
     pub(crate) fn next_change(&self) -> impl Future<Output = ()> + '_ {
-        let mut own = Box::pin(self.notify.notified());
-        let mut any = Box::pin(self.changes.any.notified());
-        own.as_mut().enable();
-        any.as_mut().enable();
-        async move {
-            tokio::select! {
-                _ = own => {}
-                _ = any => {}
-            }
+        either(&self.notify, &self.changes.any)
+    }
+}
+
+/// A wake-up by `one` or `other`, whichever is notified first, armed at once.
+fn either<'a>(one: &'a Notify, other: &'a Notify) -> impl Future<Output = ()> + 'a {
+    let mut one = Box::pin(one.notified());
+    let mut other = Box::pin(other.notified());
+    one.as_mut().enable();
+    other.as_mut().enable();
+    async move {
+        tokio::select! {
+            _ = one => {}
+            _ = other => {}
         }
     }
 }
@@ -120,6 +139,18 @@ mod tests {
         let (wait_a, wait_b) = (a.next_change(), b.next_change());
         changes.notify_all();
         tokio::time::timeout(Duration::from_secs(1), async { tokio::join!(wait_a, wait_b) }).await.expect("both woke");
+    }
+
+    #[tokio::test]
+    async fn an_append_wakes_the_feed_readers_and_the_runs_own_waiters() {
+        let changes = RunChanges::default();
+        let listener = changes.listen(&run("a"));
+        let (feed, own) = (changes.next_append(), listener.next_change());
+        changes.notify_appended(&run("a"));
+        tokio::time::timeout(Duration::from_secs(1), async { tokio::join!(feed, own) }).await.expect("both woke");
+        let feed = changes.next_append();
+        changes.notify(&run("a"));
+        assert!(tokio::time::timeout(Duration::from_millis(50), feed).await.is_err(), "a status change is no append");
     }
 
     #[test]

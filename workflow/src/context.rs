@@ -356,6 +356,7 @@ impl WorkflowContext {
                     input,
                     idempotency_key: Some(format!("child:{}", s.step_id)),
                     parent_run_id: Some(parent),
+                    feed: None,
                 };
                 match store.create_run(run).await {
                     Ok(created) => Ok(created.run_id),
@@ -411,8 +412,8 @@ impl WorkflowContext {
 
     /// Appends `event` to the run's stream and returns its index (0, 1, 2, ...).
     ///
-    /// Readers ([`Engine::read_stream`](crate::Engine::read_stream)) receive it at once and can
-    /// read it again from any index later. An emit is a recorded operation at its position, like
+    /// Readers ([`Engine::read_stream`](crate::Engine::read_stream), and those of the run's feed)
+    /// receive it at once and can read it again from any index later. An emit is a recorded operation at its position, like
     /// a step: a replay returns the recorded index without appending the event again.
     pub async fn emit<T: Serialize + ?Sized>(&self, event: &T) -> Result<u64, WorkflowError> {
         let position = self.exec().next_position();
@@ -425,7 +426,7 @@ impl WorkflowContext {
         let value = serde_json::to_value(event)?;
         match self.store().append_stream(&self.inner.fence, position, &value).await {
             Ok(index) => {
-                self.inner.shared.changes.notify(&self.inner.fence.run_id);
+                self.inner.shared.changes.notify_appended(&self.inner.fence.run_id);
                 Ok(index)
             }
             Err(e) => self.exec().abort(e.into()).await,

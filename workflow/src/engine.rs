@@ -16,6 +16,7 @@ use crate::error::{EngineError, WorkflowError};
 use crate::event::Event;
 use crate::execution::{Abort, Execution};
 use crate::failure_log::FailureLog;
+use crate::feed::FeedReader;
 use crate::hook::{HookInfo, ResumeReceipt};
 use crate::ids::{RunId, random_hex};
 use crate::registry::Registry;
@@ -251,6 +252,7 @@ impl Engine {
             input,
             idempotency_key: options.idempotency_key,
             parent_run_id: None,
+            feed: options.feed,
         };
         let created = self.shared.store.create_run(run).await?;
         if created.created {
@@ -353,6 +355,14 @@ impl Engine {
     pub async fn read_stream(&self, run_id: &RunId, from_index: u64) -> Result<StreamReader, EngineError> {
         self.get_run(run_id).await?;
         Ok(StreamReader::new(Arc::clone(&self.shared), run_id.clone(), from_index))
+    }
+
+    /// Reads the feed `feed` from number `from` on (1 is its first event): the stream events of all
+    /// its runs, each once, in the order they committed, then each new one as it commits. The
+    /// reader never ends; a client that reconnects opens a new one from the number after the last
+    /// one it saw.
+    pub fn read_feed(&self, feed: &str, from: u64) -> FeedReader {
+        FeedReader::new(Arc::clone(&self.shared), feed.to_owned(), from)
     }
 
     /// Stops the workers and waits for them. Executions in progress are abandoned; their runs

@@ -42,6 +42,7 @@ mod error;
 mod event;
 mod execution;
 mod failure_log;
+mod feed;
 mod hook;
 mod hook_data;
 mod ids;
@@ -61,15 +62,16 @@ pub use context::WorkflowContext;
 pub use engine::{Engine, EngineBuilder, EngineOptions, WeakEngine};
 pub use error::{DatabaseError, EngineError, StepError, StepFailure, StoreError, UnknownName, WorkflowError};
 pub use event::{Event, EventKind};
+pub use feed::FeedReader;
 pub use hook::{Hook, HookInfo, ResumeReceipt};
 pub use ids::RunId;
 pub use registry::WorkflowFn;
 pub use run::{RunCursor, RunFilter, RunInfo, RunPage, RunStatus, StartOptions};
 pub use step::{RetryPolicy, StepContext};
-pub use store::HookPayload;
 #[cfg(feature = "postgres")]
 pub use store::postgres::{PgStore, PgStoreOptions};
 #[cfg(feature = "sqlite")]
 pub use store::sqlite::{SqliteStore, SqliteStoreOptions};
+pub use store::{FeedEntry, HookPayload};
 pub use store::{Store, WakeHints};
 pub use stream::StreamReader;

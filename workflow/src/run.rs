@@ -106,12 +106,22 @@ pub struct RunInfo {
 pub struct StartOptions {
     /// A second start with the same key returns the existing run instead of creating one.
     pub idempotency_key: Option<String>,
+    /// The feed the run joins: every event it and its child runs append to their streams can
+    /// also be read, with those of every other run of the feed, by
+    /// [`Engine::read_feed`](crate::Engine::read_feed).
+    pub feed: Option<String>,
 }
 
 impl StartOptions {
     /// Options with the given idempotency key.
     pub fn with_idempotency_key(key: impl Into<String>) -> StartOptions {
-        StartOptions { idempotency_key: Some(key.into()) }
+        StartOptions { idempotency_key: Some(key.into()), feed: None }
+    }
+
+    /// These options, with the run in `feed`.
+    pub fn in_feed(mut self, feed: impl Into<String>) -> StartOptions {
+        self.feed = Some(feed.into());
+        self
     }
 }
 

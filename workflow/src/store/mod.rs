@@ -60,6 +60,9 @@ pub struct NewRun {
     pub idempotency_key: Option<String>,
     /// The run that started this one as a child; it is woken when this run ends.
     pub parent_run_id: Option<RunId>,
+    /// The feed whose readers see this run's stream events ([`Store::read_feed`]). A child run is
+    /// in its parent's feed whatever this says.
+    pub feed: Option<String>,
 }
 
 impl NewRun {
@@ -70,8 +73,24 @@ impl NewRun {
             "input": self.input,
             "idempotency_key": self.idempotency_key,
             "parent_run_id": self.parent_run_id,
+            "feed": self.feed,
         })
     }
+}
+
+/// A stream event as a feed reader sees it ([`Store::read_feed`]).
+#[derive(Clone, Debug, PartialEq)]
+pub struct FeedEntry {
+    /// Its number in the feed: 1, 2, 3, ... in the order the events committed.
+    pub cursor: u64,
+    /// The run that appended it.
+    pub run_id: RunId,
+    /// That run's workflow.
+    pub workflow: String,
+    /// Its index in the run's own stream.
+    pub index: u64,
+    /// The event.
+    pub event: Value,
 }
 
 /// The result of [`Store::create_run`].
@@ -373,7 +392,8 @@ pub trait Store: Send + Sync + 'static {
 
     /// Creates a pending run (event `run_created`). With an idempotency key that a run already has,
     /// returns that run with `created = false`, decided by a unique constraint. A child run whose
-    /// parent has ended is refused with [`StoreError::LeaseLost`] naming the parent.
+    /// parent has ended is refused with [`StoreError::LeaseLost`] naming the parent; a child takes
+    /// its parent's feed.
     fn create_run(&self, run: NewRun) -> BoxFuture<'_, Result<CreatedRun, StoreError>>;
 
     /// Reads one run.
@@ -489,7 +509,9 @@ pub trait Store: Send + Sync + 'static {
 
     /// Appends `event` to the run's stream as the emit at `position` (event `stream_emitted`) and
     /// returns its index: 0, 1, 2, ... in append order. The index is unique per run and the
-    /// position is recorded once, both by constraint.
+    /// position is recorded once, both by constraint. When the run is in a feed, the event also
+    /// takes the feed's next number, in the same transaction, such that numbers become visible in
+    /// order: a reader that sees number n sees every number before it, with no gaps.
     fn append_stream<'a>(
         &'a self,
         fence: &'a Fence,
@@ -504,6 +526,15 @@ pub trait Store: Send + Sync + 'static {
         from: u64,
         limit: u32,
     ) -> BoxFuture<'a, Result<Vec<(u64, Value)>, StoreError>>;
+
+    /// Reads up to `limit` stream events of the runs in `feed`, from number `from` on, in number
+    /// order.
+    fn read_feed<'a>(
+        &'a self,
+        feed: &'a str,
+        from: u64,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<Vec<FeedEntry>, StoreError>>;
 }
 
 #[cfg(test)]

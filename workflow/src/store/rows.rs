@@ -4,6 +4,7 @@
 
 use serde_json::Value;
 
+use super::FeedEntry;
 use crate::error::StoreError;
 use crate::event::{Event, EventKind};
 use crate::ids::RunId;
@@ -73,6 +74,17 @@ pub(crate) fn event(run_id: &RunId, row: &impl Columns) -> Result<Event, StoreEr
         kind,
         payload: parse_json(&row.text("payload")?)?,
         created_at: from_ms(row.int("created_at")?),
+    })
+}
+
+/// A feed's entry, from a row of `feed_seq`, `run_id`, `workflow`, `idx` and `payload`.
+pub(crate) fn feed_entry(row: &impl Columns) -> Result<FeedEntry, StoreError> {
+    Ok(FeedEntry {
+        cursor: row.int("feed_seq")?.unsigned_abs(),
+        run_id: RunId::from(row.text("run_id")?),
+        workflow: row.text("workflow")?,
+        index: row.int("idx")?.unsigned_abs(),
+        event: parse_json(&row.text("payload")?)?,
     })
 }
 

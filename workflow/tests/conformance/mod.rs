@@ -15,7 +15,9 @@ use resumable_workflow::{
 };
 use serde_json::{Value, json};
 
+mod feeds;
 mod orchestration;
+pub use feeds::*;
 pub use orchestration::*;
 
 /// A backend under test.
@@ -55,7 +57,9 @@ macro_rules! conformance_suite {
             child_run_result_is_awaited_durably,
             cancelling_a_parent_cancels_its_child,
             a_child_of_an_ended_run_is_refused,
-            list_runs_filters_and_pages_newest_first
+            list_runs_filters_and_pages_newest_first,
+            feed_interleaves_its_runs_from_any_cursor_and_follows_live,
+            eight_concurrent_writers_in_two_feeds_lose_and_duplicate_nothing
         );
     };
     (@cases $backend:expr; $($case:ident),* $(,)?) => {
@@ -494,7 +498,13 @@ pub async fn expired_lease_is_taken_over_and_zombie_writes_are_fenced(backend: &
 pub async fn store_fences_writes_by_lease_attempt(backend: &impl Backend) {
     let store = backend.open("db").await;
     let created = store
-        .create_run(NewRun { workflow: "w".into(), input: json!(1), idempotency_key: None, parent_run_id: None })
+        .create_run(NewRun {
+            workflow: "w".into(),
+            input: json!(1),
+            idempotency_key: None,
+            parent_run_id: None,
+            feed: None,
+        })
         .await
         .unwrap();
     let req = |owner: &str| ClaimRequest {

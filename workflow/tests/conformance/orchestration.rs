@@ -198,6 +198,7 @@ pub async fn a_child_of_an_ended_run_is_refused(backend: &impl Backend) {
         input: json!(null),
         idempotency_key: None,
         parent_run_id: parent,
+        feed: None,
     };
     let parent = store.create_run(new(None)).await.unwrap().run_id;
     let child = store.create_run(new(Some(parent.clone()))).await.unwrap().run_id;

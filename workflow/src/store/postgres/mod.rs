@@ -34,9 +34,9 @@ use tokio::task::JoinHandle;
 
 use super::rows::{self, Columns, count_of, page, parse_json, position_of, run_info, to_json};
 use super::{
-    BoxFuture, ClaimRequest, ClaimedRun, CreatedRun, EmitRecord, Fence, HookCreation, HookPayload, HookRecord,
-    HookState, NewRun, OpRecord, RunHistory, RunOutcome, StepRecord, StepState, StepUpdate, Store, WaitRecord,
-    WaitResolution, WaitState, WakeHints,
+    BoxFuture, ClaimRequest, ClaimedRun, CreatedRun, EmitRecord, FeedEntry, Fence, HookCreation, HookPayload,
+    HookRecord, HookState, NewRun, OpRecord, RunHistory, RunOutcome, StepRecord, StepState, StepUpdate, Store,
+    WaitRecord, WaitResolution, WaitState, WakeHints,
 };
 use crate::error::StoreError;
 use crate::event::{Event, EventKind};
@@ -53,6 +53,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration::new(3, "more_functions", include_str!("../../../migrations/postgres/0003_more_functions.sql")),
     Migration::new(4, "finish_run_function", include_str!("../../../migrations/postgres/0004_finish_run_function.sql")),
     Migration::new(5, "step_failures", include_str!("../../../migrations/postgres/0005_step_failures.sql")),
+    Migration::new(6, "feeds", include_str!("../../../migrations/postgres/0006_feeds.sql")),
 ];
 
 /// The advisory lock that serializes migrations of all stores opening one database.

@@ -28,7 +28,13 @@ fn options(schema: &str) -> PgStoreOptions {
 }
 
 fn new_run(workflow: &str) -> NewRun {
-    NewRun { workflow: workflow.into(), input: json!({ "a": 1 }), idempotency_key: None, parent_run_id: None }
+    NewRun {
+        workflow: workflow.into(),
+        input: json!({ "a": 1 }),
+        idempotency_key: None,
+        parent_run_id: None,
+        feed: None,
+    }
 }
 
 #[tokio::test]
@@ -310,6 +316,65 @@ async fn listener_reconnects_and_signals_after_losing_its_connection() {
     signal.borrow_and_update();
     store.create_run(new_run("w")).await.unwrap();
     tokio::time::timeout(wait, signal.changed()).await.expect("notified after reconnecting").unwrap();
+    store.close().await;
+    drop_schema(&url, &schema).await;
+}
+
+#[tokio::test]
+async fn a_feed_number_taken_by_an_open_transaction_holds_back_the_next_until_it_commits() {
+    let Some(url) = server_url() else { return };
+    let schema = schema_name();
+    let store = PgStore::open_with(&url, PgStoreOptions { max_connections: 3, ..options(&schema) }).await.unwrap();
+    for _ in 0..2 {
+        store.create_run(NewRun { feed: Some("t".into()), ..new_run("w") }).await.unwrap();
+    }
+    let claim = ClaimRequest { owner: "o".into(), workflows: vec!["w".into()], lease: Duration::from_secs(30) };
+    let first = store.claim(&claim).await.unwrap().expect("claimed").fence;
+    let second = store.claim(&claim).await.unwrap().expect("claimed").fence;
+
+    // An append of the first run that has taken its number and not committed yet.
+    let mut slow = sqlx::PgConnection::connect(&url).await.unwrap();
+    Executor::execute(&mut slow, format!("SET search_path TO {schema}; BEGIN").as_str()).await.unwrap();
+    let append = "SELECT resumable_append_stream($1, $2, 1, '{\"n\": 1}'::jsonb, 'stream_emitted', $3)";
+    let index: i64 = sqlx::query_scalar(append)
+        .bind(first.run_id.as_str())
+        .bind(lease_key(&first))
+        .bind(now_ms())
+        .fetch_one(&mut slow)
+        .await
+        .unwrap();
+    assert_eq!(index, 0);
+
+    // The second run's append waits for it, so the reader never sees number 2 without number 1.
+    let store = Arc::new(store);
+    let writer = {
+        let (store, fence) = (Arc::clone(&store), second.clone());
+        tokio::spawn(async move { store.append_stream(&fence, 1, &json!({ "n": 2 })).await })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!writer.is_finished(), "the next append of the feed waits for the open one");
+    assert!(store.read_feed("t", 1, 10).await.unwrap().is_empty(), "nothing has committed");
+    Executor::execute(&mut slow, "COMMIT").await.unwrap();
+    assert_eq!(writer.await.unwrap().unwrap(), 0);
+    let entries = store.read_feed("t", 1, 10).await.unwrap();
+    let seen: Vec<(u64, &RunId)> = entries.iter().map(|e| (e.cursor, &e.run_id)).collect();
+    assert_eq!(seen, [(1, &first.run_id), (2, &second.run_id)]);
+
+    // A number taken by a transaction that rolls back is given again: no gap.
+    Executor::execute(&mut slow, "BEGIN").await.unwrap();
+    let again = append.replace("$2, 1,", "$2, 2,");
+    sqlx::query(&again)
+        .bind(first.run_id.as_str())
+        .bind(lease_key(&first))
+        .bind(now_ms())
+        .fetch_one(&mut slow)
+        .await
+        .unwrap();
+    Executor::execute(&mut slow, "ROLLBACK").await.unwrap();
+    store.append_stream(&second, 2, &json!({ "n": 3 })).await.unwrap();
+    let last = store.read_feed("t", 3, 10).await.unwrap();
+    assert_eq!(last.iter().map(|e| (e.cursor, e.index)).collect::<Vec<_>>(), [(3, 1)]);
+    slow.close().await.unwrap();
     store.close().await;
     drop_schema(&url, &schema).await;
 }

@@ -8,25 +8,31 @@ impl PgStore {
         let id = RunId::generate();
         let mut tx = self.begin().await?;
         let now = now_ms();
+        let mut feed = run.feed.clone();
         if let Some(parent) = &run.parent_run_id {
             // A child of a run that has ended would run orphaned; the lock orders this against a cancel.
-            let status: Option<String> = sqlx::query_scalar("SELECT status FROM runs WHERE id = $1 FOR SHARE")
-                .bind(parent.as_str())
-                .fetch_optional(&mut *tx)
-                .await?;
-            if !matches!(status.as_deref(), Some("pending" | "running" | "waiting")) {
-                return Err(Failure::Store(StoreError::LeaseLost { run_id: parent.clone() }));
+            let parent_row: Option<(String, Option<String>)> =
+                sqlx::query_as("SELECT status, feed FROM runs WHERE id = $1 FOR SHARE")
+                    .bind(parent.as_str())
+                    .fetch_optional(&mut *tx)
+                    .await?;
+            match parent_row {
+                Some((status, parent_feed)) if matches!(status.as_str(), "pending" | "running" | "waiting") => {
+                    feed = parent_feed;
+                }
+                _ => return Err(Failure::Store(StoreError::LeaseLost { run_id: parent.clone() })),
             }
         }
         let inserted = sqlx::query(
-            "INSERT INTO runs (id, workflow, input, status, idempotency_key, parent_run_id, created_at, updated_at)
-             VALUES ($1, $2, $3::jsonb, 'pending', $4, $5, $6, $6) ON CONFLICT (idempotency_key) DO NOTHING",
+            "INSERT INTO runs (id, workflow, input, status, idempotency_key, parent_run_id, feed, created_at, updated_at)
+             VALUES ($1, $2, $3::jsonb, 'pending', $4, $5, $6, $7, $7) ON CONFLICT (idempotency_key) DO NOTHING",
         )
         .bind(id.as_str())
         .bind(&run.workflow)
         .bind(to_json(&run.input))
         .bind(run.idempotency_key.as_deref())
         .bind(run.parent_run_id.as_ref().map(RunId::as_str))
+        .bind(feed.as_deref())
         .bind(now)
         .execute(&mut *tx)
         .await?;
@@ -663,6 +669,30 @@ impl Store for PgStore {
             rows.iter()
                 .map(|row| Ok((get::<i64>(row, "idx")?.unsigned_abs(), parse_json(&get::<String>(row, "payload")?)?)))
                 .collect()
+        })
+    }
+
+    fn read_feed<'a>(
+        &'a self,
+        feed: &'a str,
+        from: u64,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<Vec<FeedEntry>, StoreError>> {
+        Box::pin(async move {
+            // One statement, so one snapshot: numbers commit in order (see `resumable_append_stream`),
+            // so the rows it sees from `from` on have no gaps.
+            let rows = sqlx::query(
+                "SELECT s.feed_seq, s.run_id, r.workflow, s.idx, s.payload::text AS payload
+                 FROM stream_events s JOIN runs r ON r.id = s.run_id
+                 WHERE s.feed = $1 AND s.feed_seq >= $2 ORDER BY s.feed_seq LIMIT $3",
+            )
+            .bind(feed)
+            .bind(i64::try_from(from).unwrap_or(i64::MAX))
+            .bind(i64::from(limit))
+            .fetch_all(&self.pool)
+            .await
+            .map_err(db)?;
+            rows.iter().map(rows::feed_entry).collect()
         })
     }
 }

@@ -22,9 +22,9 @@ use serde_json::{Value, json};
 use super::rows::{self, Columns, count_of, page, parse_json, position_of, run_info, to_json};
 use super::sqlite_threads::{ConnectionPool, db};
 use super::{
-    BoxFuture, ClaimRequest, ClaimedRun, CreatedRun, EmitRecord, Fence, HookCreation, HookPayload, HookRecord,
-    HookState, NewRun, OpRecord, RunHistory, RunOutcome, StepRecord, StepState, StepUpdate, Store, WaitRecord,
-    WaitResolution, WaitState,
+    BoxFuture, ClaimRequest, ClaimedRun, CreatedRun, EmitRecord, FeedEntry, Fence, HookCreation, HookPayload,
+    HookRecord, HookState, NewRun, OpRecord, RunHistory, RunOutcome, StepRecord, StepState, StepUpdate, Store,
+    WaitRecord, WaitResolution, WaitState,
 };
 use crate::error::StoreError;
 use crate::event::{Event, EventKind};
@@ -40,6 +40,7 @@ const MIGRATIONS: &[Migration] = &[
     Migration::new(2, "stream_positions", include_str!("../../../migrations/sqlite/0002_stream_positions.sql")),
     Migration::new(3, "child_runs", include_str!("../../../migrations/sqlite/0003_child_runs.sql")),
     Migration::new(4, "step_failures", include_str!("../../../migrations/sqlite/0004_step_failures.sql")),
+    Migration::new(5, "feeds", include_str!("../../../migrations/sqlite/0005_feeds.sql")),
 ];
 
 /// The page cache of each read connection, in KiB (the writer keeps SQLite's default, 2 MiB).

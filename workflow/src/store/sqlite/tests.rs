@@ -99,7 +99,7 @@ async fn file_database_uses_wal_and_full_sync_and_migrates_once() {
         .run(|c| all_rows(c, "SELECT version FROM schema_migrations", [], |row| row.get::<_, i64>(0).map_err(db)))
         .await
         .unwrap();
-    assert_eq!(versions, vec![1, 2, 3, 4]);
+    assert_eq!(versions, vec![1, 2, 3, 4, 5]);
     store.close().await;
     let _ = std::fs::remove_dir_all(dir);
 }
@@ -117,7 +117,8 @@ async fn options_reach_every_connection() {
     assert_eq!(scalar(&store.writer, "PRAGMA busy_timeout").await, 250);
     assert_eq!(scalar(&store.reader, "PRAGMA busy_timeout").await, 250);
     // Not durable: claims and step starts leave the setting alone.
-    let new = NewRun { workflow: "w".into(), input: json!(null), idempotency_key: None, parent_run_id: None };
+    let new =
+        NewRun { workflow: "w".into(), input: json!(null), idempotency_key: None, parent_run_id: None, feed: None };
     store.create_run(new).await.unwrap();
     let req = ClaimRequest { owner: "o".into(), workflows: vec!["w".into()], lease: Duration::from_secs(30) };
     store.claim(&req).await.unwrap().unwrap();
@@ -138,6 +139,7 @@ async fn memory_database_works_and_keeps_its_data() {
             input: json!({"a": 1}),
             idempotency_key: Some("k".into()),
             parent_run_id: None,
+            feed: None,
         })
         .await
         .unwrap();
@@ -147,6 +149,7 @@ async fn memory_database_works_and_keeps_its_data() {
             input: json!(null),
             idempotency_key: Some("k".into()),
             parent_run_id: None,
+            feed: None,
         })
         .await
         .unwrap();
@@ -163,7 +166,8 @@ async fn memory_database_works_and_keeps_its_data() {
 async fn claims_and_step_starts_skip_the_fsync() {
     let (dir, url) = temp_url();
     let store = SqliteStore::open(&url).await.unwrap();
-    let new = NewRun { workflow: "w".into(), input: json!(null), idempotency_key: None, parent_run_id: None };
+    let new =
+        NewRun { workflow: "w".into(), input: json!(null), idempotency_key: None, parent_run_id: None, feed: None };
     store.create_run(new).await.unwrap();
     assert_eq!(scalar(&store.writer, "PRAGMA synchronous").await, 2, "FULL to begin with");
     let req = ClaimRequest { owner: "o".into(), workflows: vec!["w".into()], lease: Duration::from_secs(30) };
@@ -248,7 +252,8 @@ async fn newer_schema_is_refused() {
 async fn close_lets_pending_work_finish_and_refuses_later_work() {
     let (dir, url) = temp_url();
     let store = SqliteStore::open(&url).await.unwrap();
-    let new = NewRun { workflow: "w".into(), input: json!(null), idempotency_key: None, parent_run_id: None };
+    let new =
+        NewRun { workflow: "w".into(), input: json!(null), idempotency_key: None, parent_run_id: None, feed: None };
     let (created, ()) = tokio::join!(store.create_run(new.clone()), store.close());
     let id = created.unwrap().run_id;
     assert!(matches!(store.get_run(&id).await, Err(StoreError::Database(_))));

@@ -9,21 +9,27 @@ impl Store for SqliteStore {
             let input = to_json(&run.input);
             self.write_with(Commit::Durable, move |tx| {
                 let now = now_ms();
+                let mut feed = run.feed.clone();
                 if let Some(parent) = &run.parent_run_id {
                     // A child of a run that has ended would run orphaned (writers are serialized here).
-                    let status: Option<String> = tx
-                        .prepare_cached("SELECT status FROM runs WHERE id = ?")
-                        .and_then(|mut stmt| stmt.query_row(params![parent.as_str()], |row| row.get(0)).optional())
+                    let parent_row: Option<(String, Option<String>)> = tx
+                        .prepare_cached("SELECT status, feed FROM runs WHERE id = ?")
+                        .and_then(|mut stmt| {
+                            stmt.query_row(params![parent.as_str()], |row| Ok((row.get(0)?, row.get(1)?))).optional()
+                        })
                         .map_err(db)?;
-                    if !matches!(status.as_deref(), Some("pending" | "running" | "waiting")) {
-                        return Err(StoreError::LeaseLost { run_id: parent.clone() });
+                    match parent_row {
+                        Some((status, parent_feed)) if matches!(status.as_str(), "pending" | "running" | "waiting") => {
+                            feed = parent_feed;
+                        }
+                        _ => return Err(StoreError::LeaseLost { run_id: parent.clone() }),
                     }
                 }
                 let inserted = tx
                     .prepare_cached(
                         "INSERT INTO runs
-                             (id, workflow, input, status, idempotency_key, parent_run_id, created_at, updated_at)
-                         VALUES (?, ?, ?, 'pending', ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING",
+                             (id, workflow, input, status, idempotency_key, parent_run_id, feed, created_at, updated_at)
+                         VALUES (?, ?, ?, 'pending', ?, ?, ?, ?, ?) ON CONFLICT (idempotency_key) DO NOTHING",
                     )
                     .and_then(|mut stmt| {
                         stmt.execute(params![
@@ -32,6 +38,7 @@ impl Store for SqliteStore {
                             input,
                             run.idempotency_key.as_deref(),
                             run.parent_run_id.as_ref().map(RunId::as_str),
+                            feed,
                             now,
                             now,
                         ])
@@ -674,17 +681,40 @@ impl Store for SqliteStore {
             self.write_with(Commit::Durable, move |tx| {
                 let now = now_ms();
                 let seq = fenced_seq(tx, &fence, now)?;
-                // The next index is computed inside the write transaction; the primary key (run_id, idx)
-                // and the unique (run_id, position) reject any duplicate.
+                // The next numbers are computed inside the write transaction; the primary key
+                // (run_id, idx) and the unique (run_id, position) reject any duplicate.
+                let feed: Option<String> = tx
+                    .prepare_cached("SELECT feed FROM runs WHERE id = ?")
+                    .and_then(|mut stmt| stmt.query_row(params![fence.run_id.as_str()], |row| row.get(0)))
+                    .map_err(db)?;
+                let feed_seq: Option<i64> = match &feed {
+                    None => None,
+                    Some(feed) => Some(
+                        tx.prepare_cached(
+                            "INSERT INTO feed_heads (feed, last_seq) VALUES (?, 1)
+                             ON CONFLICT (feed) DO UPDATE SET last_seq = last_seq + 1 RETURNING last_seq",
+                        )
+                        .and_then(|mut stmt| stmt.query_row(params![feed], |row| row.get(0)))
+                        .map_err(db)?,
+                    ),
+                };
                 let index: i64 = tx
                     .prepare_cached(
-                        "INSERT INTO stream_events (run_id, idx, position, payload, created_at)
-                         SELECT ?, COALESCE(MAX(idx) + 1, 0), ?, ?, ? FROM stream_events WHERE run_id = ?
+                        "INSERT INTO stream_events (run_id, idx, position, payload, created_at, feed, feed_seq)
+                         SELECT ?, COALESCE(MAX(idx) + 1, 0), ?, ?, ?, ?, ? FROM stream_events WHERE run_id = ?
                          RETURNING idx",
                     )
                     .and_then(|mut stmt| {
                         stmt.query_row(
-                            params![fence.run_id.as_str(), i64::from(position), event, now, fence.run_id.as_str()],
+                            params![
+                                fence.run_id.as_str(),
+                                i64::from(position),
+                                event,
+                                now,
+                                feed,
+                                feed_seq,
+                                fence.run_id.as_str()
+                            ],
                             |row| row.get(0),
                         )
                     })
@@ -712,6 +742,29 @@ impl Store for SqliteStore {
                     "SELECT idx, payload FROM stream_events WHERE run_id = ? AND idx >= ? ORDER BY idx LIMIT ?",
                     params![run_id.as_str(), from, i64::from(limit)],
                     |row| Ok((get::<i64>(row, "idx")?.unsigned_abs(), parse_json(&get::<String>(row, "payload")?)?)),
+                )
+            })
+            .await
+        })
+    }
+
+    fn read_feed<'a>(
+        &'a self,
+        feed: &'a str,
+        from: u64,
+        limit: u32,
+    ) -> BoxFuture<'a, Result<Vec<FeedEntry>, StoreError>> {
+        Box::pin(async move {
+            let feed = feed.to_owned();
+            let from = i64::try_from(from).unwrap_or(i64::MAX);
+            self.read(move |conn| {
+                all_rows(
+                    conn,
+                    "SELECT s.feed_seq, s.run_id, r.workflow, s.idx, s.payload
+                     FROM stream_events s JOIN runs r ON r.id = s.run_id
+                     WHERE s.feed = ? AND s.feed_seq >= ? ORDER BY s.feed_seq LIMIT ?",
+                    params![feed, from, i64::from(limit)],
+                    |row| rows::feed_entry(row),
                 )
             })
             .await
