@@ -48,6 +48,7 @@ pub mod connector;
 pub mod continuations;
 pub mod db;
 pub mod fault;
+pub mod metrics;
 pub mod orders;
 pub mod server;
 pub mod session;

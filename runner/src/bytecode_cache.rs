@@ -2,7 +2,7 @@
 
 use crate::error::ConfigError;
 use serde::{Deserialize, Serialize};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 const MIB: usize = 1024 * 1024;
@@ -80,8 +80,8 @@ impl BytecodeCacheConfig {
     }
 }
 
-/// Counters of a [`Runner`](crate::Runner) since it started, from
-/// [`Runner::stats`](crate::Runner::stats).
+/// Counters of a [`Runner`](crate::Runner) since it started, and its worker processes now, from
+/// [`Runner::stats`](crate::Runner::stats). The process figures stay 0 in thread mode.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct RunnerStats {
     /// Runs whose bytecode came from their worker's cache.
@@ -89,6 +89,18 @@ pub struct RunnerStats {
     /// Runs whose source was compiled (first seen by the worker, evicted, expired,
     /// or compiled by another engine version).
     pub bytecode_misses: u64,
+    /// Worker processes started.
+    pub processes_started: u64,
+    /// Worker processes killed during a run: at its deadline, or because they died, broke the
+    /// protocol or could not be confined.
+    pub processes_killed: u64,
+    /// Worker processes stopped between runs: replaced before their CPU-time limit, not reused,
+    /// or idle longest when too many were idle.
+    pub processes_retired: u64,
+    /// Worker processes running a script now.
+    pub processes_busy: u64,
+    /// Worker processes idle now, kept for later runs.
+    pub processes_idle: u64,
 }
 
 /// Whether a run found its bytecode in the cache.
@@ -103,6 +115,11 @@ pub(crate) enum CacheLookup {
 pub(crate) struct StatsCounters {
     bytecode_hits: AtomicU64,
     bytecode_misses: AtomicU64,
+    pub(crate) processes_started: AtomicU64,
+    pub(crate) processes_killed: AtomicU64,
+    pub(crate) processes_retired: AtomicU64,
+    pub(crate) processes_busy: AtomicUsize,
+    pub(crate) processes_idle: AtomicU64,
 }
 
 impl StatsCounters {
@@ -118,6 +135,11 @@ impl StatsCounters {
         RunnerStats {
             bytecode_hits: self.bytecode_hits.load(Ordering::Relaxed),
             bytecode_misses: self.bytecode_misses.load(Ordering::Relaxed),
+            processes_started: self.processes_started.load(Ordering::Relaxed),
+            processes_killed: self.processes_killed.load(Ordering::Relaxed),
+            processes_retired: self.processes_retired.load(Ordering::Relaxed),
+            processes_busy: self.processes_busy.load(Ordering::Relaxed) as u64,
+            processes_idle: self.processes_idle.load(Ordering::Relaxed),
         }
     }
 }

@@ -292,7 +292,8 @@ impl Runner {
         &self.inner.limits
     }
 
-    /// Counters since the runner started (bytecode cache hits and misses).
+    /// Counters since the runner started (bytecode cache hits and misses, worker processes started
+    /// and stopped) and the worker processes busy and idle now.
     pub fn stats(&self) -> RunnerStats {
         self.inner.stats.snapshot()
     }

@@ -16,7 +16,9 @@ mod approval_index;
 mod decision;
 mod event;
 mod expiry;
+mod gauges;
 mod interruption_id;
+mod readiness;
 mod round;
 mod tenant_feed;
 mod token;
@@ -35,6 +37,7 @@ pub use decision::{Decision, DecisionBatch, InvalidDecisions, MAX_REASON_CHARS};
 pub use event::{AutomationEvent, HookMetadata};
 pub use expiry::{APPROVAL_EXPIRED, Deadline, EXPIRED_REASON, ExpiryPolicies, ExpiryPolicy, OnExpiry, SYSTEM_ACTOR};
 pub use interruption_id::InterruptionId;
+pub use readiness::Readiness;
 pub use round::RequestProgress;
 pub use tenant_feed::{Source, TenantEvent, TenantFeed};
 pub use token::HookTokens;
@@ -165,7 +168,7 @@ impl AutomationsBuilder {
         let state = SessionState::new(self.db.clone());
         let audit = Audit::new(self.db.clone());
         let deps = Arc::new(Deps {
-            runner,
+            runner: runner.clone(),
             continuations,
             host: self.host,
             connectors: connectors.clone(),
@@ -220,6 +223,8 @@ impl AutomationsBuilder {
             webhooks,
             deliveries,
             audit,
+            runner,
+            db: self.db,
         })
     }
 }
@@ -236,6 +241,8 @@ pub struct Automations {
     webhooks: Webhooks,
     deliveries: DeliveryLog,
     audit: Audit,
+    runner: Runner,
+    db: AppDb,
 }
 
 impl Automations {
@@ -539,7 +546,11 @@ impl Automations {
         // Whether the batch counts depends only on the batches the hook received before it,
         // which the workflow folds in the same order.
         let before = self.engine.hook_payloads(id, hook.position, receipt.index).await?;
-        RoundProgress::replay(&pending, &before).check(batch).map_err(refused)?;
+        let mut progress = RoundProgress::replay(&pending, &before);
+        progress.check(batch).map_err(refused)?;
+        if progress.apply(batch).is_ok() && progress.is_decided() {
+            crate::metrics::approval_settled(false, hook.created_at);
+        }
         Ok((round, receipt.index))
     }
 

@@ -143,8 +143,11 @@ fn with_context(
         builder = builder.function_with_signature(name, signature.clone(), move |ctx, args| {
             let resumed = ctx.resume().is_some();
             let call = host.call(&name_owned, ctx, args);
+            let name = name_owned.clone();
             async move {
+                let started = std::time::Instant::now();
                 let result = call.await;
+                crate::metrics::host_call(&name, result.is_ok(), started.elapsed());
                 if resumed {
                     fault::reached(FaultPoint::AfterHostCall);
                 }
@@ -249,7 +252,15 @@ impl Deps {
             }
             request = request.resume(token, resolutions);
         }
+        let started = std::time::Instant::now();
         let outcome = self.runner.run(request).await;
+        let ended_as = match &outcome {
+            Ok(Outcome::Completed(_)) => "completed",
+            Ok(Outcome::Interrupted(_)) => "interrupted",
+            Err(e) if e.retryable => "error",
+            Err(_) => "failed",
+        };
+        crate::metrics::script_run(ended_as, started.elapsed());
         // A request's deadlines count from the end of the round that asked.
         let asked_at = crate::db::to_ms(std::time::SystemTime::now());
         match outcome {
@@ -407,8 +418,13 @@ async fn wait_for_decisions(
                 let (audit, tenant, automation) = (deps.audit.clone(), tenant.to_owned(), ctx.run_id().to_string());
                 let entry = AuditEntry::decision(Actor::new(SYSTEM_ACTOR), &automation, round, &batch.decisions)
                     .dedup_key(format!("expiry:{automation}:{round}:{}", expired_ids(&batch)));
+                let asked_at = pending.iter().filter_map(|r| r.deadline.map(|d| d.asked_at)).min();
                 ctx.step("audit-expiry", move |_| async move {
-                    audit.record(&tenant, entry).await.map(|_| ()).map_err(|e| StepError::retryable(e.to_string()))
+                    audit.record(&tenant, entry).await.map_err(|e| StepError::retryable(e.to_string()))?;
+                    if let Some(asked_at) = asked_at {
+                        crate::metrics::approval_settled(true, crate::db::from_ms(asked_at));
+                    }
+                    Ok(())
                 })
                 .await?;
                 let expired: Vec<&PendingRequest> = batch

@@ -69,10 +69,15 @@ impl Sender {
                 Err(failure) => failure,
             };
             let (why, retry_after) = match failure {
-                Failure::Final(error) => return Err(error),
+                Failure::Final(error) => {
+                    crate::metrics::connector_error(name, false);
+                    return Err(error);
+                }
                 Failure::Transient { why, retry_after } => (why, retry_after),
             };
-            if attempt > connector.config.retries || ctx.is_cancelled() {
+            let last = attempt > connector.config.retries || ctx.is_cancelled();
+            crate::metrics::connector_error(name, !last);
+            if last {
                 return Err(HostError::new(format!("{name}: the service failed {attempt} times; last: {why}"))
                     .with_details(json!({ "code": "CONNECTOR_UNAVAILABLE", "attempts": attempt })));
             }

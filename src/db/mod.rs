@@ -14,6 +14,7 @@
 //! Open both the engine's store and the application's tables with [`AppDb::open`], and hand
 //! [`AppDb::store`] to the engine.
 
+mod counted_store;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod sqlite;
@@ -32,6 +33,7 @@ use resumable_workflow::{SqliteStore, Store, StoreError};
 #[cfg(feature = "postgres")]
 use sqlx::postgres::{PgPool, PgPoolOptions};
 
+use counted_store::CountedStore;
 #[cfg(feature = "postgres")]
 use postgres::{pg_columns, pg_query, pg_row, pg_steps};
 use sqlite::{sqlite_execute, sqlite_fetch, sqlite_migrate, sqlite_read_then_write, sqlite_transaction};
@@ -94,11 +96,11 @@ impl Backend {
 pub enum DbError {
     /// The engine's store failed, or (on SQLite) a statement on its connections.
     #[error(transparent)]
-    Store(#[from] StoreError),
+    Store(StoreError),
     /// A statement on the application's PostgreSQL pool failed.
     #[cfg(feature = "postgres")]
     #[error("database error: {0}")]
-    Postgres(#[from] sqlx::Error),
+    Postgres(sqlx::Error),
     /// A PostgreSQL URL, in a build without the `postgres` feature.
     #[error("this build has no PostgreSQL support: it was built without the cargo feature `postgres`")]
     NoPostgres,
@@ -108,6 +110,25 @@ pub enum DbError {
     /// The URL names no database this build supports.
     #[error("unsupported database URL: use sqlite://PATH or postgres://USER@HOST/DB")]
     UnsupportedUrl,
+}
+
+// Every failure of the database reaches the application's code through these two conversions,
+// which count it.
+impl From<StoreError> for DbError {
+    fn from(e: StoreError) -> DbError {
+        if matches!(e, StoreError::Database(_) | StoreError::Corrupt(_)) {
+            crate::metrics::store_error("app");
+        }
+        DbError::Store(e)
+    }
+}
+
+#[cfg(feature = "postgres")]
+impl From<sqlx::Error> for DbError {
+    fn from(e: sqlx::Error) -> DbError {
+        crate::metrics::store_error("app");
+        DbError::Postgres(e)
+    }
 }
 
 /// The connections an [`AppDb`] runs its statements on.
@@ -148,7 +169,7 @@ impl AppDb {
             Some(Backend::Postgres) => {
                 let store = resumable_workflow::store::open(url).await?;
                 let pool = PgPoolOptions::new().max_connections(POSTGRES_CONNECTIONS).connect(url).await?;
-                let db = AppDb { store, conn: Conn::Postgres(pool) };
+                let db = AppDb { store: Arc::new(CountedStore::new(store)), conn: Conn::Postgres(pool) };
                 db.migrate().await?;
                 Ok(db)
             }
@@ -159,7 +180,7 @@ impl AppDb {
     /// The application database on an open SQLite store (for one opened with custom options),
     /// applying the application's pending migrations.
     pub async fn from_sqlite(store: SqliteStore) -> Result<AppDb, DbError> {
-        let db = AppDb { store: Arc::new(store.clone()), conn: Conn::Sqlite(store) };
+        let db = AppDb { store: Arc::new(CountedStore::new(Arc::new(store.clone()))), conn: Conn::Sqlite(store) };
         db.migrate().await?;
         Ok(db)
     }
@@ -277,6 +298,31 @@ impl AppDb {
 
     /// Applies the application's pending migrations in one transaction; refuses a schema newer
     /// than this build's.
+    /// Whether the database's schema is the one this build migrates to, the engine's and the
+    /// application's both: `Err` says which is not (older: not migrated; newer: a later release
+    /// migrated it, and this one must not write to it).
+    pub async fn schema_is_current(&self) -> Result<Result<(), String>, DbError> {
+        let (engine, app) = match self.backend() {
+            Backend::Sqlite => (resumable_workflow::store::sqlite::SCHEMA_VERSION, SQLITE_MIGRATIONS.len()),
+            #[cfg(feature = "postgres")]
+            Backend::Postgres => (resumable_workflow::store::postgres::SCHEMA_VERSION, POSTGRES_MIGRATIONS.len()),
+            #[cfg(not(feature = "postgres"))]
+            Backend::Postgres => return Err(DbError::NoPostgres),
+        };
+        let tables = [
+            ("schema_migrations", "SELECT MAX(version) AS v FROM schema_migrations", engine),
+            (MIGRATIONS_TABLE, "SELECT MAX(version) AS v FROM app_schema_migrations", app as i64),
+        ];
+        for (table, sql, expected) in tables {
+            let found: Option<i64> = self.fetch_one(sql, vec![]).await?.get("v")?;
+            if found != Some(expected) {
+                let found = found.map_or("none".to_owned(), |v| v.to_string());
+                return Ok(Err(format!("{table} is at version {found}, this build expects {expected}")));
+            }
+        }
+        Ok(Ok(()))
+    }
+
     async fn migrate(&self) -> Result<(), DbError> {
         match &self.conn {
             Conn::Sqlite(store) => Ok(store.write(sqlite_migrate).await?),

@@ -11,6 +11,7 @@ mod demo_app;
 mod error;
 mod feed;
 pub mod inbox;
+mod metrics;
 mod routes;
 mod secret;
 mod sessions;
@@ -32,6 +33,7 @@ pub use auth::{ApiKeyConfig, ApiKeyEntry, ApiKeys, ApiKeysConfig, Caller, KEY_ID
 pub use demo_app::DemoApp;
 pub use error::ApiError;
 pub use inbox::InboxSettings;
+pub use metrics::install_metrics;
 pub use routes::MAX_SOURCE_BYTES;
 pub use secret::{SecretError, load_or_create as load_or_create_secret};
 pub use start_error::ServerError;
@@ -82,6 +84,8 @@ pub fn router(state: AppState) -> Router {
         .merge(inbox::routes())
         .merge(demo_app::routes())
         .route("/healthz", get(routes::health))
+        .route("/readyz", get(metrics::readiness))
+        .route("/metrics", get(metrics::metrics))
         .route("/v1/automations", post(routes::submit))
         .route("/v1/automations/{id}", get(routes::get))
         .route("/v1/automations/{id}/events", get(routes::events))
@@ -222,6 +226,7 @@ pub async fn serve(
     check_workers(&config.runner).await?;
     // Bound first: the demo's connectors call this server's own address.
     let listen = |source| ServerError::Listen { address: config.listen, source };
+    install_metrics();
     let listener = tokio::net::TcpListener::bind(config.listen).await.map_err(listen)?;
     let local = listener.local_addr().map_err(listen)?;
     let demo_functions = if config.demo { DemoApp::functions(&secret, local) } else { Vec::new() };

@@ -205,6 +205,7 @@ async fn deliver(deps: &DeliveryDeps, input: &DeliveryInput, notice: &Notice, at
         }
     };
     record.duration_ms = i64::try_from(started.elapsed().as_millis()).unwrap_or(i64::MAX);
+    crate::metrics::webhook_attempt(&record.outcome);
     if let Err(e) = deps.log.record(&input.tenant, &record).await {
         tracing::warn!(error = %e, webhook_id = id, "cannot record a webhook delivery attempt");
     }

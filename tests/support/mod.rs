@@ -73,6 +73,13 @@ impl TempDir {
     pub fn db_url(&self) -> String {
         self.db_url.clone()
     }
+
+    /// Makes servers started on this directory reach their database at `url` instead (the same
+    /// database, through a proxy, say).
+    #[allow(dead_code)] // Not every test binary that includes this module needs it.
+    pub fn set_db_url(&mut self, url: String) {
+        self.db_url = url;
+    }
 }
 
 impl Drop for TempDir {

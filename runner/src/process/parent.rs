@@ -114,6 +114,8 @@ impl ProcessPool {
         };
         let deadline = Instant::now() + run.limits.timeout() + self.config.grace;
         let busy = self.cores.busy();
+        self.stats.processes_busy.fetch_add(1, Ordering::SeqCst);
+        let _counted = Decrement(&self.stats.processes_busy);
         let host_cancel = CancelSignal::new();
         let session = Session { host, claim, host_cancel: host_cancel.clone(), events, grace: self.config.grace };
         let spec = JobSpec { run, events: session.events.is_some(), spin: self.cores.spare() };
@@ -134,14 +136,18 @@ impl ProcessPool {
         }
         let waiting = Decrement(&self.waiting);
         let slot = self.slots.acquire().await.map_err(|_| RunError::internal("the process pool has stopped"))?;
-        let idle = self.idle.lock().unwrap_or_else(|p| p.into_inner()).take(key);
+        let idle = {
+            let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
+            let worker = idle.take(key);
+            self.stats.processes_idle.store(idle.count as u64, Ordering::Relaxed);
+            worker
+        };
         let worker = match idle {
             Some(mut worker) => {
                 if worker.pipes.quiet() {
                     worker
                 } else {
-                    let _ = worker.child.start_kill();
-                    let _ = worker.child.wait().await;
+                    self.retire(worker).await;
                     self.spawn().await?
                 }
             }
@@ -167,17 +173,16 @@ impl ProcessPool {
                 // thread that works cannot have used more CPU time than its age.
                 let old = worker.started.elapsed().as_secs().saturating_mul(2) >= self.config.cpu_seconds;
                 if old && cpu_seconds_used(&worker.child).is_some_and(|used| used * 2 >= self.config.cpu_seconds) {
-                    let _ = worker.child.start_kill();
-                    let _ = worker.child.wait().await;
+                    self.retire(worker).await;
                 } else if self.config.reuse {
                     self.keep(key, worker).await;
                 } else {
-                    let _ = worker.child.start_kill();
-                    let _ = worker.child.wait().await;
+                    self.retire(worker).await;
                 }
                 result
             }
             Ending::Lost(error) => {
+                self.stats.processes_killed.fetch_add(1, Ordering::Relaxed);
                 let _ = worker.child.start_kill();
                 match worker.child.wait().await {
                     Ok(status) if status.code() == Some(UNCONFINED_EXIT) => Err(RunError::new(
@@ -197,12 +202,20 @@ impl ProcessPool {
         let evicted = {
             let mut idle = self.idle.lock().unwrap_or_else(|p| p.into_inner());
             idle.put(key, worker);
-            (idle.count > self.config.max_idle).then(|| idle.oldest()).flatten()
+            let evicted = (idle.count > self.config.max_idle).then(|| idle.oldest()).flatten();
+            self.stats.processes_idle.store(idle.count as u64, Ordering::Relaxed);
+            evicted
         };
-        if let Some(mut old) = evicted {
-            let _ = old.child.start_kill();
-            let _ = old.child.wait().await;
+        if let Some(old) = evicted {
+            self.retire(old).await;
         }
+    }
+
+    /// Stops `worker` between runs.
+    async fn retire(&self, mut worker: Worker) {
+        self.stats.processes_retired.fetch_add(1, Ordering::Relaxed);
+        let _ = worker.child.start_kill();
+        let _ = worker.child.wait().await;
     }
 
     async fn spawn(&self) -> Result<Worker, RunError> {
@@ -268,6 +281,7 @@ impl ProcessPool {
         }
         let pipes = Pipes::new(stdin, stdout)
             .map_err(|e| RunError::internal(format!("cannot use a worker's pipes: {e}")).retryable(true))?;
+        self.stats.processes_started.fetch_add(1, Ordering::Relaxed);
         Ok(Worker { child, pipes, confinement_read: false, started: std::time::Instant::now() })
     }
 }

@@ -110,6 +110,9 @@ async fn runaway_native_operations_are_killed_at_the_deadline() {
         assert!(elapsed < Duration::from_millis(1_000), "{source}: {elapsed:?}");
         assert_eq!(value(&runner, RunRequest::new("return 'fresh worker'")).await, json!("fresh worker"));
     }
+    let stats = runner.stats();
+    assert_eq!((stats.processes_killed, stats.processes_started), (3, 4), "each runaway killed, one more started");
+    assert_eq!((stats.processes_busy, stats.processes_idle), (0, 1));
 }
 
 /// A cancel reaches a worker whose script only computes (a signal, which the engine's interrupt
@@ -248,6 +251,9 @@ async fn idle_workers_are_capped_and_runs_can_each_get_a_fresh_process() {
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert_eq!(worker_children("capped").len(), 2, "only the two most recent stay idle");
+    let stats = capped.stats();
+    assert_eq!((stats.processes_started, stats.processes_retired, stats.processes_killed), (4, 2, 0));
+    assert_eq!((stats.processes_busy, stats.processes_idle), (0, 2));
     let fresh = Runner::new(
         RunnerConfig::new().workers(1).processes(ProcessConfig::new(WORKER).arg("--tag=fresh").reuse(false)),
     )
@@ -257,4 +263,6 @@ async fn idle_workers_are_capped_and_runs_can_each_get_a_fresh_process() {
     }
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(worker_children("fresh").is_empty(), "no worker outlives its run");
+    let stats = fresh.stats();
+    assert_eq!((stats.processes_started, stats.processes_retired, stats.processes_idle), (3, 3, 0));
 }
