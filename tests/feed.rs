@@ -26,8 +26,8 @@ async fn submit(client: &Client, source: &str) -> String {
     response.json()["id"].as_str().expect("an id").to_owned()
 }
 
-/// Opens the caller's feed from `from` (no `from` when `None`).
-async fn feed(client: &Client, from: Option<u64>) -> Lines {
+/// Opens the caller's feed from `from` (a cursor or `latest`; no `from` when `None`).
+async fn feed(client: &Client, from: Option<&str>) -> Lines {
     let path = from.map_or("/v1/events".to_owned(), |from| format!("/v1/events?from={from}"));
     let (head, lines) = client.stream(&path).await;
     assert_eq!(head.status, 200, "{path}: {head:?}");
@@ -139,16 +139,27 @@ on_both_backends! {
         assert_eq!(stream.rest().await, own);
 
         // From the start (0 and 1 alike) and from the middle: the same lines, each once, then live.
-        for from in [0, 1] {
+        for from in ["0", "1"] {
             let mut again = feed(&acme, Some(from)).await;
             assert_eq!(take(&mut again, all.len()).await, all, "from {from}");
         }
-        let mut middle = feed(&acme, Some(4)).await;
+        let mut middle = feed(&acme, Some("4")).await;
         assert_eq!(take(&mut middle, all.len() - 3).await, all[3..]);
         let c = submit(&acme, "return 1").await;
         let next = take(&mut middle, 1).await.remove(0);
         assert_eq!((next["cursor"].as_u64(), next["id"].as_str()), (Some(all.len() as u64 + 1), Some(c.as_str())));
         assert_eq!(take(&mut live, 1).await[0], next, "every live reader sees it");
+
+        // From the latest on: only what comes next. A cursor beyond the next one is refused.
+        let head = all.len() as u64 + 1;
+        let mut latest = feed(&acme, Some("latest")).await;
+        let ahead = acme.get(&format!("/v1/events?from={}", head + 2)).await;
+        assert_eq!((ahead.status, &ahead.json()["error"]["code"]), (409, &json!("CURSOR_AHEAD")), "{}", ahead.text());
+        let mut at_next = feed(&acme, Some(&(head + 1).to_string())).await;
+        let e = submit(&acme, "return 3").await;
+        let newest = take(&mut latest, 1).await.remove(0);
+        assert_eq!((newest["cursor"].as_u64(), newest["id"].as_str()), (Some(head + 1), Some(e.as_str())));
+        assert_eq!(take(&mut at_next, 1).await[0], newest);
 
         // The other tenant sees only its own automation.
         let mut theirs = feed(&globex, None).await;
@@ -165,14 +176,31 @@ on_both_backends! {
         assert_eq!(server.client(None).get("/v1/events").await.status, 401);
 
         // A reader resumes from the cursor after the last one it saw, across a SIGKILL.
-        drop((live, middle, theirs));
+        drop((live, middle, theirs, latest, at_next));
         server.kill();
         let server = Server::start_with_keys(&dir, Some(KEYS));
         let acme = server.client(Some("demo-acme"));
-        let mut resumed = feed(&acme, Some(all.len() as u64 + 1)).await;
-        assert_eq!(take(&mut resumed, 1).await[0], next);
+        let mut resumed = feed(&acme, Some(&head.to_string())).await;
+        assert_eq!(take(&mut resumed, 2).await, [next, newest]);
         let d = submit(&acme, "return 2").await;
         let line = take(&mut resumed, 1).await.remove(0);
-        assert_eq!((line["cursor"].as_u64(), line["id"].as_str()), (Some(all.len() as u64 + 2), Some(d.as_str())));
+        assert_eq!((line["cursor"].as_u64(), line["id"].as_str()), (Some(head + 2), Some(d.as_str())));
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_feed_sends_heartbeats_with_the_next_cursor() {
+    let dir = TempDir::new("feed-heartbeat");
+    let server = Server::start(&dir, &[]);
+    let acme = server.client(Some("demo-acme"));
+    let id = submit(&acme, "return 1").await;
+    let mut all = feed(&acme, None).await;
+    assert_eq!(take(&mut all, 1).await[0]["id"], id.as_str());
+    let started = std::time::Instant::now();
+    let mut latest = feed(&acme, Some("latest")).await;
+    let heartbeat = take(&mut latest, 1).await.remove(0);
+    assert_eq!(heartbeat, json!({ "heartbeat": true, "next": 2 }));
+    let waited = started.elapsed();
+    assert!((15..40).contains(&waited.as_secs()), "a heartbeat after about 20 s of silence, not {waited:?}");
+    assert_eq!(take(&mut all, 1).await[0], heartbeat, "every idle reader gets one");
 }

@@ -615,6 +615,11 @@ impl Automations {
         TenantFeed::new(self.engine.read_feed(tenant, from))
     }
 
+    /// The cursor of the last event of `tenant`'s feed (0 before its first).
+    pub async fn feed_head(&self, tenant: &str) -> Result<u64, AutomationError> {
+        Ok(self.engine.feed_head(tenant).await?)
+    }
+
     /// The events of automation `id` of `tenant` from index `from`, live until it ends.
     pub async fn events(&self, tenant: &str, id: &RunId, from: u64) -> Result<StreamReader, AutomationError> {
         self.owned_run(tenant, id).await?;

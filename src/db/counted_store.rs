@@ -178,6 +178,10 @@ impl Store for CountedStore {
         counted(self.0.read_stream(run_id, from, limit))
     }
 
+    fn feed_head<'a>(&'a self, feed: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        counted(self.0.feed_head(feed))
+    }
+
     fn read_feed<'a>(
         &'a self,
         feed: &'a str,

@@ -365,6 +365,12 @@ impl Engine {
         FeedReader::new(Arc::clone(&self.shared), feed.to_owned(), from)
     }
 
+    /// The number of the last event of `feed` (0 before its first): read from one more to follow
+    /// only what comes next.
+    pub async fn feed_head(&self, feed: &str) -> Result<u64, EngineError> {
+        Ok(self.shared.store.feed_head(feed).await?)
+    }
+
     /// Stops the workers and waits for them. Executions in progress are abandoned; their runs
     /// are taken over by any engine once their leases expire.
     pub async fn shutdown(&self) {

@@ -13,8 +13,11 @@ use crate::store::FeedEntry;
 const BATCH: u32 = 256;
 
 /// How often a reader looks for entries written by other processes (appends through an engine of
-/// this process wake it at once).
-const POLL: Duration = Duration::from_millis(25);
+/// this process wake it at once): every [`POLL_MIN`] after an entry arrived, then less and less
+/// often, down to every [`POLL_MAX`], while none does.
+const POLL_MIN: Duration = Duration::from_millis(25);
+/// See [`POLL_MIN`].
+const POLL_MAX: Duration = Duration::from_millis(500);
 
 /// The entries of a feed from some number on, in order, returned by
 /// [`Engine::read_feed`](crate::Engine::read_feed).
@@ -27,6 +30,7 @@ pub struct FeedReader {
     feed: String,
     next_cursor: u64,
     buffer: VecDeque<FeedEntry>,
+    poll: Duration,
 }
 
 impl fmt::Debug for FeedReader {
@@ -37,7 +41,7 @@ impl fmt::Debug for FeedReader {
 
 impl FeedReader {
     pub(crate) fn new(shared: Arc<Shared>, feed: String, from: u64) -> FeedReader {
-        FeedReader { shared, feed, next_cursor: from.max(1), buffer: VecDeque::new() }
+        FeedReader { shared, feed, next_cursor: from.max(1), buffer: VecDeque::new(), poll: POLL_MIN }
     }
 
     /// The feed this reads.
@@ -62,11 +66,12 @@ impl FeedReader {
             let entries = self.shared.store.read_feed(&self.feed, self.next_cursor, BATCH).await?;
             if !entries.is_empty() {
                 self.buffer.extend(entries);
+                self.poll = POLL_MIN;
                 continue;
             }
             tokio::select! {
                 _ = appended => {}
-                _ = tokio::time::sleep(POLL) => {}
+                _ = tokio::time::sleep(self.poll) => self.poll = (self.poll * 2).min(POLL_MAX),
             }
         }
     }

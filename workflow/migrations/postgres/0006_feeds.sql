@@ -7,9 +7,9 @@ ALTER TABLE stream_events ADD COLUMN feed_seq BIGINT;
 
 CREATE UNIQUE INDEX stream_events_by_feed ON stream_events (feed, feed_seq) WHERE feed IS NOT NULL;
 
--- The last number each feed gave out. An append takes its number by updating its feed's row, as
--- the last statement of its transaction, and holds the row's lock until it commits: the next
--- append of the feed waits, so numbers commit in order and a rolled-back number is given again.
+-- The last number each feed gave out. An append takes its number by updating its feed's row, at
+-- the end of its transaction, and holds the row's lock until it commits: the next append of the
+-- feed waits, so numbers commit in order and a rolled-back number is given again.
 -- A reader that sees number n therefore sees every number before it: a cursor never skips an
 -- event that commits late, as it could with a sequence.
 CREATE TABLE feed_heads (

@@ -66,14 +66,15 @@ pub struct NewRun {
 }
 
 impl NewRun {
-    /// The payload of the run's `run_created` event.
-    pub(crate) fn created_event(&self) -> Value {
+    /// The payload of the run's `run_created` event, with the feed it joined (its parent's, for a
+    /// child).
+    pub(crate) fn created_event(&self, feed: Option<&str>) -> Value {
         serde_json::json!({
             "workflow": self.workflow,
             "input": self.input,
             "idempotency_key": self.idempotency_key,
             "parent_run_id": self.parent_run_id,
-            "feed": self.feed,
+            "feed": feed,
         })
     }
 }
@@ -526,6 +527,9 @@ pub trait Store: Send + Sync + 'static {
         from: u64,
         limit: u32,
     ) -> BoxFuture<'a, Result<Vec<(u64, Value)>, StoreError>>;
+
+    /// The last number `feed` gave out (0 before its first event).
+    fn feed_head<'a>(&'a self, feed: &'a str) -> BoxFuture<'a, Result<u64, StoreError>>;
 
     /// Reads up to `limit` stream events of the runs in `feed`, from number `from` on, in number
     /// order.

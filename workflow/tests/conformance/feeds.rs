@@ -127,6 +127,8 @@ pub async fn feed_interleaves_its_runs_from_any_cursor_and_follows_live(backend:
     assert_quiet(&mut engine.read_feed("nobody", 1)).await;
     assert!(engine.store().read_feed("t1", 9, 10).await.unwrap().is_empty());
     assert_eq!(engine.store().read_feed("t1", 2, 2).await.unwrap(), seen[1..3]);
+    let heads = (engine.feed_head("t1").await.unwrap(), engine.feed_head("t2").await.unwrap());
+    assert_eq!((heads, engine.feed_head("nobody").await.unwrap()), ((8, 1), 0), "the last cursor of each feed");
 }
 
 pub async fn eight_concurrent_writers_in_two_feeds_lose_and_duplicate_nothing(backend: &impl Backend) {

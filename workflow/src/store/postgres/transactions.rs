@@ -48,7 +48,7 @@ impl PgStore {
             tx.commit().await?;
             return Ok(CreatedRun { run_id: RunId::from(existing), created: false });
         }
-        let payload = run.created_event();
+        let payload = run.created_event(feed.as_deref());
         append(&mut tx, &id, EventKind::RunCreated, payload, now).await?;
         self.announce(&mut tx, &[(WORK, Some(id.as_str()))]).await?;
         tx.commit().await?;
@@ -669,6 +669,17 @@ impl Store for PgStore {
             rows.iter()
                 .map(|row| Ok((get::<i64>(row, "idx")?.unsigned_abs(), parse_json(&get::<String>(row, "payload")?)?)))
                 .collect()
+        })
+    }
+
+    fn feed_head<'a>(&'a self, feed: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let head: Option<i64> = sqlx::query_scalar("SELECT last_seq FROM feed_heads WHERE feed = $1")
+                .bind(feed)
+                .fetch_optional(&self.pool)
+                .await
+                .map_err(db)?;
+            Ok(head.unwrap_or_default().unsigned_abs())
         })
     }
 

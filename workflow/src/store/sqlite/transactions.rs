@@ -52,7 +52,7 @@ impl Store for SqliteStore {
                         .map_err(db)?;
                     return Ok(CreatedRun { run_id: RunId::from(existing), created: false });
                 }
-                let payload = run.created_event();
+                let payload = run.created_event(feed.as_deref());
                 append(tx, &id, EventKind::RunCreated, &payload, now)?;
                 Ok(CreatedRun { run_id: id, created: true })
             })
@@ -745,6 +745,20 @@ impl Store for SqliteStore {
                 )
             })
             .await
+        })
+    }
+
+    fn feed_head<'a>(&'a self, feed: &'a str) -> BoxFuture<'a, Result<u64, StoreError>> {
+        Box::pin(async move {
+            let feed = feed.to_owned();
+            let head = self
+                .read(move |conn| {
+                    first_row(conn, "SELECT last_seq FROM feed_heads WHERE feed = ?", params![feed], |row| {
+                        get::<i64>(row, "last_seq")
+                    })
+                })
+                .await?;
+            Ok(head.unwrap_or_default().unsigned_abs())
         })
     }
 
