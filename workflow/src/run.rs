@@ -134,6 +134,8 @@ pub struct RunFilter {
     pub statuses: Vec<RunStatus>,
     /// Only children of this run.
     pub parent_run_id: Option<RunId>,
+    /// Only runs in this feed ([`StartOptions::feed`]; children are in their parent's).
+    pub feed: Option<String>,
     /// Only runs created at or after this time.
     pub created_after: Option<SystemTime>,
     /// Only runs created before this time.
@@ -164,6 +166,12 @@ impl RunFilter {
     /// Only runs in this status (may be given several times).
     pub fn status(mut self, status: RunStatus) -> RunFilter {
         self.statuses.push(status);
+        self
+    }
+
+    /// Only runs in this feed.
+    pub fn feed(mut self, feed: impl Into<String>) -> RunFilter {
+        self.feed = Some(feed.into());
         self
     }
 

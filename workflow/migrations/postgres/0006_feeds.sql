@@ -7,6 +7,9 @@ ALTER TABLE stream_events ADD COLUMN feed_seq BIGINT;
 
 CREATE UNIQUE INDEX stream_events_by_feed ON stream_events (feed, feed_seq) WHERE feed IS NOT NULL;
 
+-- Listing a feed's runs of one workflow, newest first.
+CREATE INDEX runs_by_feed ON runs (feed, workflow, created_at, id) WHERE feed IS NOT NULL;
+
 -- The last number each feed gave out. An append takes its number by updating its feed's row, at
 -- the end of its transaction, and holds the row's lock until it commits: the next append of the
 -- feed waits, so numbers commit in order and a rolled-back number is given again.

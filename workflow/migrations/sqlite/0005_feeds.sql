@@ -7,6 +7,9 @@ ALTER TABLE stream_events ADD COLUMN feed_seq INTEGER;
 
 CREATE UNIQUE INDEX stream_events_by_feed ON stream_events (feed, feed_seq) WHERE feed IS NOT NULL;
 
+-- Listing a feed's runs of one workflow, newest first.
+CREATE INDEX runs_by_feed ON runs (feed, workflow, created_at, id) WHERE feed IS NOT NULL;
+
 -- The last number each feed gave out. Writers are serialized, so numbers commit in order.
 CREATE TABLE feed_heads (
     feed     TEXT PRIMARY KEY NOT NULL,

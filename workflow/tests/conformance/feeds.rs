@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashSet};
 use std::time::Duration;
 
-use resumable_workflow::{Engine, FeedEntry, FeedReader, RunId, StartOptions, WorkflowContext};
+use resumable_workflow::{Engine, FeedEntry, FeedReader, RunFilter, RunId, StartOptions, WorkflowContext};
 use serde_json::{Value, json};
 
 use super::{Backend, WAIT, emit_range, finished, join_all, waiting};
@@ -116,7 +116,7 @@ pub async fn feed_interleaves_its_runs_from_any_cursor_and_follows_live(backend:
     assert_eq!((child_entry.cursor, turn_of(&child_entry)), (7, ("child".to_owned(), 0)));
     assert_ne!(child_entry.run_id, family);
     assert_eq!((parent_entry.cursor, &parent_entry.run_id, parent_entry.workflow.as_str()), (8, &family, "parent"));
-    assert_eq!(take(&mut live, 2).await, [child_entry, parent_entry]);
+    assert_eq!(take(&mut live, 2).await, [child_entry.clone(), parent_entry]);
     finished(&engine, &family).await;
 
     // The other feed has only its own run; a feed nobody wrote to is empty.
@@ -129,6 +129,24 @@ pub async fn feed_interleaves_its_runs_from_any_cursor_and_follows_live(backend:
     assert_eq!(engine.store().read_feed("t1", 2, 2).await.unwrap(), seen[1..3]);
     let heads = (engine.feed_head("t1").await.unwrap(), engine.feed_head("t2").await.unwrap());
     assert_eq!((heads, engine.feed_head("nobody").await.unwrap()), ((8, 1), 0), "the last cursor of each feed");
+
+    // A feed's runs are listed, newest first, by workflow too, a page at a time.
+    let engine = &engine;
+    let listed = |filter: RunFilter| async move {
+        let page = engine.list_runs(&filter).await.unwrap();
+        (page.runs.into_iter().map(|r| r.id).collect::<Vec<_>>(), page.next_cursor)
+    };
+    let (all, _) = listed(RunFilter::default().feed("t1")).await;
+    assert_eq!(all.len(), 4, "a, b, the parent and its child: {all:?}");
+    assert_eq!(&all[2..], [b.clone(), a.clone()]);
+    let (turns, _) = listed(RunFilter::default().feed("t1").workflow("turns")).await;
+    assert_eq!(turns, [child_entry.run_id.clone(), b.clone(), a.clone()]);
+    let (first, cursor) = listed(RunFilter::default().feed("t1").workflow("turns").limit(2)).await;
+    assert_eq!(first, turns[..2]);
+    let rest = RunFilter { cursor, ..RunFilter::default().feed("t1").workflow("turns") };
+    assert_eq!(listed(rest).await, (vec![a.clone()], None));
+    assert_eq!(listed(RunFilter::default().feed("t2")).await.0, [other]);
+    assert!(listed(RunFilter::default().feed("nobody")).await.0.is_empty());
 }
 
 pub async fn eight_concurrent_writers_in_two_feeds_lose_and_duplicate_nothing(backend: &impl Backend) {

@@ -447,6 +447,9 @@ impl Store for PgStore {
             if let Some(parent) = &filter.parent_run_id {
                 q.push(" AND parent_run_id = ").push_bind(parent.as_str());
             }
+            if let Some(feed) = &filter.feed {
+                q.push(" AND feed = ").push_bind(feed.as_str());
+            }
             if let Some(after) = filter.created_after {
                 q.push(" AND created_at >= ").push_bind(to_ms(after));
             }

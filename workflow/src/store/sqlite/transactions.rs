@@ -77,45 +77,46 @@ impl Store for SqliteStore {
 
     fn list_runs<'a>(&'a self, filter: &'a RunFilter) -> BoxFuture<'a, Result<RunPage, StoreError>> {
         Box::pin(async move {
-            let statuses: Vec<&str> = filter.statuses.iter().map(|s| s.as_str()).collect();
-            let statuses = serde_json::to_string(&statuses).unwrap_or_else(|_| "[]".to_owned());
+            use rusqlite::types::Value as Sql;
             let limit = filter.page_size();
-            let workflow = filter.workflow.clone();
-            let parent = filter.parent_run_id.as_ref().map(|id| id.as_str().to_owned());
-            let created_after = filter.created_after.map(to_ms);
-            let created_before = filter.created_before.map(to_ms);
-            let cursor_at = filter.cursor.as_ref().map(|c| c.created_at_ms);
-            let cursor_id = filter.cursor.as_ref().map(|c| c.run_id.as_str().to_owned());
-            let runs = self
-                .read(move |conn| {
-                    all_rows(
-                        conn,
-                        concat!(
-                            "SELECT ",
-                            run_columns!(),
-                            " FROM runs
-                             WHERE (?1 IS NULL OR workflow = ?1)
-                               AND (?2 = '[]' OR status IN (SELECT value FROM json_each(?2)))
-                               AND (?3 IS NULL OR parent_run_id = ?3)
-                               AND (?4 IS NULL OR created_at >= ?4)
-                               AND (?5 IS NULL OR created_at < ?5)
-                               AND (?6 IS NULL OR created_at < ?6 OR (created_at = ?6 AND id < ?7))
-                             ORDER BY created_at DESC, id DESC LIMIT ?8"
-                        ),
-                        params![
-                            workflow,
-                            statuses,
-                            parent,
-                            created_after,
-                            created_before,
-                            cursor_at,
-                            cursor_id,
-                            i64::from(limit) + 1
-                        ],
-                        run_from_row,
-                    )
-                })
-                .await?;
+            // Only the filters in use appear in the query, so that each shape gets a fitting plan
+            // (a feed's runs of one workflow read `runs_by_feed`, newest first).
+            let mut sql = concat!("SELECT ", run_columns!(), " FROM runs WHERE 1").to_owned();
+            let mut values: Vec<Sql> = Vec::new();
+            let mut and = |condition: &str, params: Vec<Sql>| {
+                sql.push_str(" AND ");
+                sql.push_str(condition);
+                values.extend(params);
+            };
+            if let Some(feed) = &filter.feed {
+                and("feed = ?", vec![Sql::Text(feed.clone())]);
+            }
+            if let Some(workflow) = &filter.workflow {
+                and("workflow = ?", vec![Sql::Text(workflow.clone())]);
+            }
+            if !filter.statuses.is_empty() {
+                let statuses: Vec<&str> = filter.statuses.iter().map(|s| s.as_str()).collect();
+                let statuses = serde_json::to_string(&statuses).unwrap_or_else(|_| "[]".to_owned());
+                and("status IN (SELECT value FROM json_each(?))", vec![Sql::Text(statuses)]);
+            }
+            if let Some(parent) = &filter.parent_run_id {
+                and("parent_run_id = ?", vec![Sql::Text(parent.as_str().to_owned())]);
+            }
+            if let Some(after) = filter.created_after {
+                and("created_at >= ?", vec![Sql::Integer(to_ms(after))]);
+            }
+            if let Some(before) = filter.created_before {
+                and("created_at < ?", vec![Sql::Integer(to_ms(before))]);
+            }
+            if let Some(cursor) = &filter.cursor {
+                let at = Sql::Integer(cursor.created_at_ms);
+                let id = Sql::Text(cursor.run_id.as_str().to_owned());
+                and("(created_at < ? OR (created_at = ? AND id < ?))", vec![at.clone(), at, id]);
+            }
+            sql.push_str(" ORDER BY created_at DESC, id DESC LIMIT ?");
+            values.push(Sql::Integer(i64::from(limit) + 1));
+            let runs =
+                self.read(move |conn| all_rows(conn, &sql, rusqlite::params_from_iter(values), run_from_row)).await?;
             Ok(page(runs, limit))
         })
     }
