@@ -59,7 +59,7 @@ impl LogArgs {
     pub fn fatal(self, message: impl std::fmt::Display) {
         match self.log_format {
             LogFormat::Text => eprintln!("error: {message}"),
-            LogFormat::Json => tracing::error!(error = %message, "stopped"),
+            LogFormat::Json => tracing::error!(error = %message, "exiting"),
         }
     }
 }
