@@ -7,6 +7,7 @@ use resumable_runner::{Limit, LimitOverrides, Outcome, Resolution, RunError, Run
 use resumable_workflow::{StepContext, StepError, WorkflowContext, WorkflowError};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
+use tracing::Instrument as _;
 
 use super::approval_index::ApprovalIndex;
 use super::decision::{Decision, DecisionBatch};
@@ -302,8 +303,9 @@ pub(crate) async fn run_automation(
     for round in 1..=deps.max_rounds {
         let result = {
             let (deps, input, id, resume) = (Arc::clone(&deps), input.clone(), id.clone(), resume.take());
+            let span = tracing::info_span!("round", tenant = %input.tenant, automation = %id, round);
             ctx.step("round", move |s| async move {
-                let result = deps.round(&input, &id, round, resume, s).await;
+                let result = deps.round(&input, &id, round, resume, s).instrument(span).await;
                 fault::reached(FaultPoint::BeforeRoundRecorded);
                 result
             })

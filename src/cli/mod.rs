@@ -2,6 +2,7 @@
 
 mod audit;
 mod inspect;
+mod logging;
 mod report;
 mod run;
 mod serve;

@@ -1,6 +1,7 @@
 //! `resumable serve` and `resumable migrate`: the HTTP approval service and its database.
 
-use super::usage_error;
+use super::logging::LogArgs;
+use super::{EXIT_USAGE, usage_error};
 use clap::Args;
 use resumable::RunnerConfig;
 use resumable::config::{ConfigFile, ServeConfig};
@@ -80,6 +81,9 @@ pub struct ServeArgs {
     /// TLS proxy); leave off for plain http://localhost.
     #[arg(long, env = "RESUMABLE_SECURE_COOKIES")]
     secure_cookies: bool,
+
+    #[command(flatten)]
+    log: LogArgs,
 }
 
 /// Arguments of `resumable config check`.
@@ -142,30 +146,36 @@ pub struct MigrateArgs {
     /// The database: sqlite://FILE or postgres://USER:PASSWORD@HOST/DB.
     #[arg(long, value_name = "URL", default_value = DEFAULT_DB)]
     db: String,
+
+    #[command(flatten)]
+    log: LogArgs,
 }
 
-fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+fn runtime() -> Result<tokio::runtime::Runtime, String> {
     tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
-        .map_err(|e| usage_error(format!("cannot start the async runtime: {e}")))
+        .map_err(|e| format!("cannot start the async runtime: {e}"))
 }
 
 /// Runs the approval server until SIGTERM or Ctrl-C.
 pub fn execute_serve(args: ServeArgs) -> ExitCode {
-    use std::io::IsTerminal as _;
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .init();
+    let log = args.log;
+    if let Err(e) = log.init() {
+        return usage_error(e);
+    }
+    // Problems with the command line, once the log is set up: in the log's format.
+    let refuse = |message: &dyn std::fmt::Display| {
+        log.fatal(message);
+        ExitCode::from(EXIT_USAGE)
+    };
     let file = match args.config.as_deref().map(ServeConfig::load).transpose() {
         Ok(file) => file,
-        Err(e) => return usage_error(e),
+        Err(e) => return refuse(&e),
     };
     let keys = match load_keys(args.keys.as_deref()) {
         Ok(keys) => keys,
-        Err(message) => return usage_error(message),
+        Err(message) => return refuse(&message),
     };
     let expiry = file.as_ref().map(ServeConfig::expiry_policies).unwrap_or_default();
     let (settings, file_keys, functions, webhooks) = match file {
@@ -178,7 +188,7 @@ pub fn execute_serve(args: ServeArgs) -> ExitCode {
     // Untrusted scripts run in killable worker processes: this same program, as `resumable __worker`.
     let processes = match ProcessConfig::current_exe() {
         Ok(p) => p.allow_unconfined(allow_unconfined),
-        Err(e) => return usage_error(format!("cannot find this program to start workers: {e}")),
+        Err(e) => return refuse(&format!("cannot find this program to start workers: {e}")),
     };
     let lease = args.lease_secs.map(std::time::Duration::from_secs).or(settings.lease.map(|l| l.0));
     let config = ServerConfig {
@@ -199,12 +209,12 @@ pub fn execute_serve(args: ServeArgs) -> ExitCode {
     };
     let rt = match runtime() {
         Ok(rt) => rt,
-        Err(code) => return code,
+        Err(message) => return refuse(&message),
     };
     match rt.block_on(serve(config, shutdown_signal())) {
         Ok(()) => ExitCode::SUCCESS,
         Err(message) => {
-            eprintln!("error: {message}");
+            log.fatal(message);
             ExitCode::FAILURE
         }
     }
@@ -212,9 +222,16 @@ pub fn execute_serve(args: ServeArgs) -> ExitCode {
 
 /// Applies the database migrations and exits.
 pub fn execute_migrate(args: MigrateArgs) -> ExitCode {
+    let log = args.log;
+    if let Err(e) = log.init() {
+        return usage_error(e);
+    }
     let rt = match runtime() {
         Ok(rt) => rt,
-        Err(code) => return code,
+        Err(message) => {
+            log.fatal(message);
+            return ExitCode::from(EXIT_USAGE);
+        }
     };
     match rt.block_on(migrate(&args.db.clone())) {
         Ok(()) => {
@@ -222,7 +239,7 @@ pub fn execute_migrate(args: MigrateArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(message) => {
-            eprintln!("error: {message}");
+            log.fatal(message);
             ExitCode::FAILURE
         }
     }

@@ -12,6 +12,7 @@ mod error;
 mod feed;
 pub mod inbox;
 mod metrics;
+mod request_log;
 mod routes;
 mod secret;
 mod sessions;
@@ -106,6 +107,11 @@ pub fn router(state: AppState) -> Router {
         .method_not_allowed_fallback(routes::method_not_allowed)
         .layer(DefaultBodyLimit::max(body::MAX_BODY_BYTES))
         .layer(axum::middleware::map_response(api_headers))
+        // Outermost last: drop a malformed incoming id, set one, then the span that logs it.
+        .layer(request_log::propagate_id())
+        .layer(request_log::trace())
+        .layer(request_log::set_id())
+        .layer(axum::middleware::map_request(request_log::drop_malformed_id))
         .with_state(state)
 }
 

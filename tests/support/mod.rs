@@ -658,6 +658,12 @@ impl Db {
         rows.iter().map(cells).collect::<Result<_, _>>().expect("the rows are read")
     }
 
+    /// Every value of the one text column `sql` selects.
+    #[allow(dead_code)]
+    pub async fn texts(&self, sql: &'static str) -> Vec<String> {
+        self.rows::<String>(sql, &[], 1).await.into_iter().flatten().collect()
+    }
+
     /// The one integer `sql` selects.
     async fn integer(&self, sql: &'static str, params: &[&str]) -> i64 {
         let rows = self.rows::<i64>(sql, params, 1).await;

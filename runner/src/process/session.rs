@@ -365,9 +365,10 @@ impl Session {
                 Begun::Running(future) => {
                     let results = results.clone();
                     waiting += 1;
-                    tasks.push(tokio::spawn(async move {
+                    // In the caller's span, so that what the host function logs is in it too.
+                    tasks.push(tokio::spawn(tracing::Instrument::in_current_span(async move {
                         let _ = results.send((index, future.await));
-                    }));
+                    })));
                 }
             }
         };
