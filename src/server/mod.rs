@@ -10,6 +10,7 @@ mod body;
 mod demo_app;
 mod error;
 mod feed;
+mod history;
 pub mod inbox;
 mod metrics;
 mod request_log;
@@ -87,7 +88,7 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(routes::health))
         .route("/readyz", get(metrics::readiness))
         .route("/metrics", get(metrics::metrics))
-        .route("/v1/automations", post(routes::submit))
+        .route("/v1/automations", post(routes::submit).get(history::automations))
         .route("/v1/automations/{id}", get(routes::get))
         .route("/v1/automations/{id}/events", get(routes::events))
         .route("/v1/automations/{id}/decisions", post(routes::decide))
@@ -98,7 +99,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/functions", get(routes::functions))
         .route("/v1/functions.d.ts", get(routes::functions_typescript))
         .route("/v1/webhooks/deliveries", get(routes::webhook_deliveries))
-        .route("/v1/sessions", post(sessions::start))
+        .route("/v1/sessions", post(sessions::start).get(history::sessions))
         .route("/v1/sessions/{id}", get(sessions::get).delete(sessions::destroy))
         .route("/v1/sessions/{id}/commands", post(sessions::command))
         .route("/v1/sessions/{id}/cancel", post(sessions::cancel))

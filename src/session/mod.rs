@@ -11,6 +11,7 @@
 //! `destroyed`), `command_start`, `command_output` and `command_end` events.
 
 mod event;
+mod history;
 mod state;
 mod workflow;
 
@@ -23,6 +24,7 @@ use serde::Serialize;
 use serde_json::{Value, json};
 
 pub use event::SessionEvent;
+pub use history::{SessionSummary, SessionsShown};
 pub use state::{MAX_KEY_BYTES, MAX_KEYS, MAX_STATE_BYTES, MAX_VALUE_BYTES, STATE_LIMIT_CODE, SessionState};
 pub use workflow::{SessionInput, SessionMessage, WORKFLOW};
 
