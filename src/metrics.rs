@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use metrics::{Unit, counter, describe_counter, describe_gauge, describe_histogram, gauge, histogram};
 
-/// Host calls, by function and outcome (`ok` or `error`).
+/// Host calls, by function and outcome (`ok`, `error` or `interrupted`).
 pub const HOST_CALLS: &str = "resumable_host_calls_total";
 /// How long host calls took, by function.
 pub const HOST_CALL_SECONDS: &str = "resumable_host_call_seconds";
@@ -61,8 +61,7 @@ pub fn describe() {
 }
 
 /// A host call of `function` ended after `took`.
-pub(crate) fn host_call(function: &str, ok: bool, took: Duration) {
-    let outcome = if ok { "ok" } else { "error" };
+pub(crate) fn host_call(function: &str, outcome: &'static str, took: Duration) {
     counter!(HOST_CALLS, "function" => function.to_owned(), "outcome" => outcome).increment(1);
     histogram!(HOST_CALL_SECONDS, "function" => function.to_owned()).record(took);
 }

@@ -335,3 +335,75 @@ async fn values_from_scripts_and_people_are_escaped() {
     assert!(page.contains("&lt;script&gt;alert(2)&lt;/script&gt;"), "{page}");
     assert!(page.contains("[log] &lt;img src=x onerror=alert(1)&gt;"), "the console is shown escaped: {page}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn history_sessions_and_the_calls_an_approver_judges_by() {
+    let f = Fixture::start("inbox-history", None);
+    let browser = f.signed_in("demo-acme").await;
+    let id = submit(&f.api, REFUND).await;
+    let done = submit(&f.api, &format!("return {HOSTILE:?}")).await;
+    finished(&f.api, &done).await;
+    let view = waiting(&f.api, &id).await;
+
+    // The automation's page shows the source and the calls made so far, with their arguments.
+    assert_eq!(view["source"], REFUND);
+    let calls = view["calls"].as_array().expect("calls");
+    let functions: Vec<(&str, &str)> =
+        calls.iter().map(|c| (c["function"].as_str().unwrap(), c["outcome"].as_str().unwrap())).collect();
+    assert_eq!(functions, [("orders.get", "ok"), ("orders.refund", "interrupted")], "{view}");
+    assert_eq!((&calls[0]["round"], &calls[0]["arguments"]), (&json!(1), &json!(["A-1002"])));
+    assert_eq!(calls[0]["result"]["id"], "A-1002", "the read's result: {view}");
+    let page = assert_html(&browser.get(&format!("/automations/{id}")).await, 200);
+    assert!(page.contains("id=\"source\"") && page.contains("orders.refund(o.id, 1500)"), "{page}");
+    assert!(page.contains("<code>orders.get</code>") && page.contains("&quot;A-1002&quot;"), "{page}");
+    assert!(page.contains("asked for a decision"), "{page}");
+
+    // Approved, the refund ran once more, in round 2.
+    let token = csrf_token(&page);
+    let decided = browser.post_form(&format!("/automations/{id}/decide"), &approve(&token), &[]).await;
+    assert_eq!(decided.status, 303, "{}", decided.text());
+    let view = finished(&f.api, &id).await;
+    let rounds: Vec<(u64, &str)> = view["calls"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| (c["round"].as_u64().unwrap(), c["function"].as_str().unwrap()))
+        .collect();
+    assert_eq!(rounds, [(1, "orders.get"), (1, "orders.refund"), (2, "orders.refund")], "{view}");
+
+    // The history lists both, newest first, escaped, with links.
+    let history = assert_html(&browser.get("/history").await, 200);
+    let (at_done, at_refund) = (history.find(&done).unwrap(), history.find(&id).unwrap());
+    assert!(at_done < at_refund, "newest first: {history}");
+    assert!(history.contains(&format!("href=\"/automations/{id}\"")) && history.contains("acme-demo"), "{history}");
+    assert!(!history.contains("<img") && history.contains("&lt;img"), "{history}");
+    assert!(
+        history.contains("href=\"/history\"") && history.contains("href=\"/sessions\""),
+        "the navigation: {history}"
+    );
+    assert_eq!(browser.get("/history?cursor=bogus").await.status, 400);
+
+    // Sessions: the list and a session's page with its command's automation linked.
+    let response = f.api.post("/v1/sessions", &json!({})).await;
+    assert_eq!(response.status, 201, "{}", response.text());
+    let session = response.json()["id"].as_str().unwrap().to_owned();
+    let response = f.api.post(&format!("/v1/sessions/{session}/commands"), &json!({ "source": "return 6 * 7" })).await;
+    assert_eq!(response.status, 202, "{}", response.text());
+    let deadline = tokio::time::Instant::now() + WAIT;
+    let page = loop {
+        let page = assert_html(&browser.get(&format!("/sessions/{session}")).await, 200);
+        if page.contains("command_end") {
+            break page;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "the command never ended: {page}");
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    };
+    assert!(page.contains("command_start") && page.contains("href=\"/automations/run_"), "{page}");
+    assert!(page.contains("<pre>42</pre>"), "the command's value: {page}");
+    let list = assert_html(&browser.get("/sessions").await, 200);
+    assert!(list.contains(&format!("href=\"/sessions/{session}\"")) && list.contains("live"), "{list}");
+    assert_eq!(browser.get("/sessions/run_0123456789abcdef0123456789abcdef").await.status, 404);
+    assert_eq!(browser.get("/sessions/not-an-id").await.status, 404);
+    // Signed out, the pages ask to sign in.
+    assert_ne!(f.browser().get("/history").await.status, 200);
+}

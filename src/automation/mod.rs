@@ -18,6 +18,7 @@ mod event;
 mod expiry;
 mod gauges;
 mod history;
+mod host_calls;
 mod interruption_id;
 mod readiness;
 mod round;
@@ -38,6 +39,7 @@ pub use decision::{Decision, DecisionBatch, InvalidDecisions, MAX_REASON_CHARS};
 pub use event::{AutomationEvent, HookMetadata};
 pub use expiry::{APPROVAL_EXPIRED, Deadline, EXPIRED_REASON, ExpiryPolicies, ExpiryPolicy, OnExpiry, SYSTEM_ACTOR};
 pub use history::{AutomationSummary, MAX_PAGE as MAX_HISTORY_PAGE, Page};
+pub use host_calls::{CallOutcome, HostCall, MAX_RECORDED_BYTES, MAX_RECORDED_CALLS, RoundCall};
 pub use interruption_id::InterruptionId;
 pub use readiness::Readiness;
 pub use round::RequestProgress;
@@ -356,6 +358,12 @@ impl Automations {
 
     /// The automation `id` of `tenant`; [`AutomationError::WrongTenant`] for another tenant's.
     pub async fn get(&self, tenant: &str, id: &RunId) -> Result<AutomationView, AutomationError> {
+        self.view(tenant, id, true).await
+    }
+
+    /// The automation's view, with the host calls its rounds made when `with_calls` (which reads
+    /// the engine's whole log of the run).
+    async fn view(&self, tenant: &str, id: &RunId, with_calls: bool) -> Result<AutomationView, AutomationError> {
         let (run, input) = self.owned_run(tenant, id).await?;
         let log = EventLog::read(&self.engine, id).await?;
         let pending = match log.open_round() {
@@ -377,7 +385,8 @@ impl Automations {
             }
             _ => None,
         };
-        Ok(AutomationView::new(run, input, pending, &log))
+        let calls = if with_calls { host_calls::recorded_calls(&self.engine.events(id).await?) } else { Vec::new() };
+        Ok(AutomationView::new(run, input, pending, &log, calls))
     }
 
     /// The automation run `id` and its input, when it belongs to `tenant`.
@@ -407,7 +416,7 @@ impl Automations {
             offset += ids.len();
             for id in ids.iter().filter(|id| seen.insert((*id).clone())) {
                 let id = RunId::from(id.clone());
-                match self.get(tenant, &id).await {
+                match self.view(tenant, &id, false).await {
                     Ok(view) if view.pending.is_some() => approvals.extend(view.pending),
                     // Ended while it waited (cancelled, say): its rows stay behind until now.
                     Ok(view) if view.status.is_terminal() => ended.push(id),
@@ -442,7 +451,7 @@ impl Automations {
             let page = self.engine.list_runs(&filter).await?;
             for run in &page.runs {
                 let Some(tenant) = run.input.get("tenant").and_then(Value::as_str) else { continue };
-                if let Some(pending) = self.get(tenant, &run.id).await?.pending {
+                if let Some(pending) = self.view(tenant, &run.id, false).await?.pending {
                     self.approvals.add(tenant, run.id.as_str(), pending.round).await.map_err(internal)?;
                     added += 1;
                 }

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::decision::{DecisionBatch, InvalidDecisions};
 use super::event::AutomationEvent;
+use super::host_calls::RoundCall;
 use super::workflow::{AutomationInput, PendingRequest};
 use crate::db::to_ms;
 
@@ -72,6 +73,10 @@ pub struct AutomationView {
     pub history: Vec<RoundRecord>,
     /// What the script wrote to its console in its last round, once it ended.
     pub console: Vec<Value>,
+    /// The script's source.
+    pub source: String,
+    /// The host calls its rounds made so far, round by round.
+    pub calls: Vec<RoundCall>,
     /// When it was submitted, last changed and ended.
     pub created_at: SystemTime,
     /// When it last changed.
@@ -86,6 +91,7 @@ impl AutomationView {
         input: AutomationInput,
         pending: Option<PendingApproval>,
         log: &EventLog,
+        calls: Vec<RoundCall>,
     ) -> AutomationView {
         let error = match run.status {
             RunStatus::Failed => Some(error_json(run.error.as_deref().unwrap_or_default())),
@@ -103,6 +109,8 @@ impl AutomationView {
             pending,
             history: log.history(),
             console: log.final_console(),
+            source: input.source,
+            calls,
             created_at: run.created_at,
             updated_at: run.updated_at,
             completed_at: run.completed_at,
@@ -120,6 +128,8 @@ impl AutomationView {
             "error": self.error,
             "rounds": self.rounds,
             "pendingApproval": self.pending,
+            "source": self.source,
+            "calls": self.calls,
             "createdAt": to_ms(self.created_at),
             "updatedAt": to_ms(self.updated_at),
             "completedAt": self.completed_at.map(to_ms),

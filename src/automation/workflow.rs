@@ -13,6 +13,7 @@ use super::approval_index::ApprovalIndex;
 use super::decision::{Decision, DecisionBatch};
 use super::event::{AutomationEvent, HookMetadata};
 use super::expiry::{self, Alarm, Deadline, EXPIRED_REASON, ExpiryPolicies, OnExpiry, Reminded, SYSTEM_ACTOR};
+use super::host_calls::{CallLog, CallOutcome, HostCall};
 use super::interruption_id::InterruptionId;
 use super::round::RoundProgress;
 use super::token::HookTokens;
@@ -75,6 +76,9 @@ pub struct PendingRequest {
     pub deadline: Option<Deadline>,
 }
 
+/// The name of the step that runs a round of the script.
+pub(crate) const ROUND_STEP: &str = "round";
+
 /// How one round of the script ended, as recorded by its step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "status", rename_all = "snake_case")]
@@ -82,6 +86,9 @@ enum RoundResult {
     Completed {
         value: Value,
         console: Vec<Value>,
+        /// The host calls the round made (rounds of earlier releases recorded none).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        calls: Vec<HostCall>,
     },
     /// Rounds recorded by earlier releases also name the connectors they ran with
     /// (`connectors`), which later rounds were limited to; that field is ignored now: a
@@ -90,11 +97,15 @@ enum RoundResult {
         continuation: String,
         pending: Vec<PendingRequest>,
         console: Vec<Value>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        calls: Vec<HostCall>,
     },
     Failed {
         code: String,
         message: String,
         console: Vec<Value>,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        calls: Vec<HostCall>,
     },
 }
 
@@ -134,21 +145,30 @@ fn with_context(
     hosts: &[HostFunctions],
     context: &Value,
     session: Option<(&SessionState, &str)>,
+    calls: &CallLog,
 ) -> Result<HostFunctions, StepError> {
     let mut builder = HostFunctions::builder();
     if let Some((state, session)) = session {
         builder = state.register(builder, session);
     }
     for (host, (name, signature)) in hosts.iter().flat_map(|host| host.signatures().map(move |f| (host, f))) {
-        let (host, name_owned) = (host.clone(), name.to_owned());
+        let (host, name_owned, calls) = (host.clone(), name.to_owned(), calls.clone());
         builder = builder.function_with_signature(name, signature.clone(), move |ctx, args| {
             let resumed = ctx.resume().is_some();
+            let arguments = args.clone();
             let call = host.call(&name_owned, ctx, args);
-            let name = name_owned.clone();
+            let (name, calls) = (name_owned.clone(), calls.clone());
             async move {
-                let started = std::time::Instant::now();
+                let (started_at, started) = (std::time::SystemTime::now(), std::time::Instant::now());
                 let result = call.await;
-                crate::metrics::host_call(&name, result.is_ok(), started.elapsed());
+                let took = started.elapsed();
+                calls.record(&name, &arguments, &result, started_at, took);
+                let outcome = match &result {
+                    Ok(_) => CallOutcome::Ok,
+                    Err(e) if e.is_interrupt() => CallOutcome::Interrupted,
+                    Err(_) => CallOutcome::Error,
+                };
+                crate::metrics::host_call(&name, outcome.as_str(), took);
                 if resumed {
                     fault::reached(FaultPoint::AfterHostCall);
                 }
@@ -218,11 +238,13 @@ impl Deps {
             audit: Some(self.audit.clone()),
         };
         let connectors = self.connectors.host_functions(&scope);
+        let calls = CallLog::default();
         let mut request = RunRequest::new(input.source.as_str())
             .host(with_context(
                 &[(self.host)(&input.tenant), connectors],
                 &input.context,
                 input.session.as_deref().map(|s| (&self.sessions, s)),
+                &calls,
             )?)
             .context(json!({ "tenant": input.tenant, "policyVersion": input.policy_version, "context": input.context }))
             .audience(AUDIENCE)
@@ -242,7 +264,8 @@ impl Deps {
                 self.sessions.end_requested_by(session).await.map_err(|e| StepError::retryable(e.to_string()))?;
             if ended.is_some() {
                 let message = "the session was destroyed".to_owned();
-                return Ok(RoundResult::Failed { code: "RUN_ABORTED".to_owned(), message, console: Vec::new() });
+                let console = Vec::new();
+                return Ok(RoundResult::Failed { code: "RUN_ABORTED".to_owned(), message, console, calls: Vec::new() });
             }
         }
         if let Some(Resume { continuation: token, resolutions }) = resume {
@@ -262,11 +285,12 @@ impl Deps {
             Err(_) => "failed",
         };
         crate::metrics::script_run(ended_as, started.elapsed());
+        let calls = calls.take();
         // A request's deadlines count from the end of the round that asked.
         let asked_at = crate::db::to_ms(std::time::SystemTime::now());
         match outcome {
             Ok(Outcome::Completed(c)) => {
-                Ok(RoundResult::Completed { console: console_json(&c.console), value: c.value })
+                Ok(RoundResult::Completed { console: console_json(&c.console), value: c.value, calls })
             }
             Ok(Outcome::Interrupted(s)) => Ok(RoundResult::Interrupted {
                 pending: s
@@ -281,10 +305,12 @@ impl Deps {
                     .collect(),
                 console: console_json(&s.console),
                 continuation: s.continuation,
+                calls,
             }),
             Err(e) if e.retryable => Err(StepError::retryable(error_text(e.code.as_str(), &e.message))),
             Err(RunError { code, message, console, .. }) => {
-                Ok(RoundResult::Failed { code: code.as_str().to_owned(), message, console: console_json(&console) })
+                let console = console_json(&console);
+                Ok(RoundResult::Failed { code: code.as_str().to_owned(), message, console, calls })
             }
         }
     }
@@ -304,7 +330,7 @@ pub(crate) async fn run_automation(
         let result = {
             let (deps, input, id, resume) = (Arc::clone(&deps), input.clone(), id.clone(), resume.take());
             let span = tracing::info_span!("round", tenant = %input.tenant, automation = %id, round);
-            ctx.step("round", move |s| async move {
+            ctx.step(ROUND_STEP, move |s| async move {
                 let result = deps.round(&input, &id, round, resume, s).instrument(span).await;
                 fault::reached(FaultPoint::BeforeRoundRecorded);
                 result
@@ -312,20 +338,20 @@ pub(crate) async fn run_automation(
             .await?
         };
         match result {
-            RoundResult::Completed { value, console } => {
+            RoundResult::Completed { value, console, .. } => {
                 publisher
                     .publish(AutomationEvent::Completed { round, value: value.clone(), console }.to_value())
                     .await?;
                 return Ok(json!({ "value": value, "rounds": round }));
             }
-            RoundResult::Failed { code, message, console } => {
+            RoundResult::Failed { code, message, console, .. } => {
                 let text = error_text(&code, &message);
                 publisher
                     .publish(AutomationEvent::Failed { round: Some(round), code, message, console }.to_value())
                     .await?;
                 return Err(WorkflowError::msg(text));
             }
-            RoundResult::Interrupted { continuation, pending, console } => {
+            RoundResult::Interrupted { continuation, pending, console, .. } => {
                 let metadata = HookMetadata {
                     tenant: input.tenant.clone(),
                     automation: id.clone(),
@@ -494,7 +520,8 @@ mod tests {
             "connectors": ["billing.refund"],
         });
         let round: RoundResult = serde_json::from_value(old).unwrap();
-        let expected = RoundResult::Interrupted { continuation: "token".into(), pending: vec![], console: vec![] };
+        let expected =
+            RoundResult::Interrupted { continuation: "token".into(), pending: vec![], console: vec![], calls: vec![] };
         assert_eq!(round, expected);
         assert!(serde_json::to_value(&expected).unwrap().get("connectors").is_none());
     }

@@ -46,11 +46,11 @@ impl HistoryQuery {
 }
 
 /// A page's `next`: the creation time and id of its last run, `MS.ID`.
-fn cursor_text(cursor: &RunCursor) -> String {
+pub(super) fn cursor_text(cursor: &RunCursor) -> String {
     format!("{}.{}", cursor.created_at_ms, cursor.run_id)
 }
 
-fn parse_cursor(text: &str) -> Result<RunCursor, ApiError> {
+pub(super) fn parse_cursor(text: &str) -> Result<RunCursor, ApiError> {
     let invalid = || ApiError::bad_request("cursor must be a page's next, as it was given");
     let (at, id) = text.split_once('.').ok_or_else(invalid)?;
     let created_at_ms = at.parse::<i64>().ok().filter(|ms| *ms >= 0).ok_or_else(invalid)?;

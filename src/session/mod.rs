@@ -281,19 +281,25 @@ impl Sessions {
     /// The live session `id` of `tenant`.
     pub async fn get(&self, tenant: &str, id: &RunId) -> Result<SessionView, SessionError> {
         let (run, input) = self.live(tenant, id).await?;
-        let summary = Summary::read(&self.engine, id).await?;
-        Ok(SessionView {
-            id: run.id,
-            status: summary.status,
-            created_by: input.created_by,
-            commands: summary.started + summary.skipped,
-            commands_ended: summary.ended,
-            running: summary
-                .running
-                .map(|(command, automation)| json!({ "command": command, "automation": automation })),
-            idle_ms: input.idle_ms,
-            command_timeout_ms: input.command_timeout_ms,
-        })
+        Ok(Summary::read(&self.engine, id).await?.view(run, input))
+    }
+
+    /// Session `id` of `tenant`, live or ended, with its first `max_events` events (the inbox's
+    /// session page); [`SessionError::Gone`] (`unknown`) for another tenant's or none.
+    pub async fn inspect(
+        &self,
+        tenant: &str,
+        id: &RunId,
+        max_events: u32,
+    ) -> Result<(SessionView, bool, Vec<(u64, Value)>), SessionError> {
+        let (run, input) = self.owned(tenant, id).await?;
+        let mut summary = Summary::read(&self.engine, id).await?;
+        if run.status.is_terminal() && summary.status != "destroyed" {
+            summary.status = "ended".into();
+        }
+        let events = self.engine.store().read_stream(id, 0, max_events).await.map_err(EngineError::from)?;
+        let live = !run.status.is_terminal();
+        Ok((summary.view(run, input), live, events))
     }
 
     /// The events of live session `id` from index `from`: its history, then each new event until
@@ -384,6 +390,20 @@ impl Summary {
             }
         }
         Ok(summary)
+    }
+
+    /// The view of session `run`, started with `input`, that this summarizes.
+    fn view(self, run: RunInfo, input: SessionInput) -> SessionView {
+        SessionView {
+            id: run.id,
+            status: self.status,
+            created_by: input.created_by,
+            commands: self.started + self.skipped,
+            commands_ended: self.ended,
+            running: self.running.map(|(command, automation)| json!({ "command": command, "automation": automation })),
+            idle_ms: input.idle_ms,
+            command_timeout_ms: input.command_timeout_ms,
+        }
     }
 
     fn apply(&mut self, event: &Value) {

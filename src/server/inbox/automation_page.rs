@@ -10,7 +10,7 @@ use super::html::{Html, html};
 use super::inbox_page::NOT_AN_APPROVER;
 use super::layout::{self, Viewer};
 use super::request::{self, json_text};
-use crate::automation::{AutomationView, RoundRecord};
+use crate::automation::{AutomationView, CallOutcome, RoundCall, RoundRecord};
 use crate::server::auth::Role;
 
 fn console(lines: &[Value]) -> Html {
@@ -51,6 +51,49 @@ fn round(record: &RoundRecord) -> Html {
         }
     }
     html!(out, "{}</section>\n", console(&record.console));
+    out
+}
+
+/// The script's source and the host calls its rounds made: what an approver judges a request by.
+fn script_and_calls(view: &AutomationView) -> Html {
+    let mut out = Html::new();
+    html!(
+        out,
+        "<h2>Script</h2>\n<details class=\"card\" open><summary>Source ({} bytes)</summary>\n\
+         <pre class=\"source\" id=\"source\">{}</pre></details>\n<h2>Host calls</h2>\n",
+        view.source.len(),
+        view.source
+    );
+    if view.calls.is_empty() {
+        html!(out, "<p class=\"muted\" id=\"no-calls\">No host calls yet.</p>\n");
+        return out;
+    }
+    html!(
+        out,
+        "<table class=\"calls\" id=\"calls\">\n<thead><tr><th>Round</th><th>Function</th><th>Arguments</th>\
+         <th>Outcome</th><th>Took</th></tr></thead>\n<tbody>\n"
+    );
+    for RoundCall { round, call } in &view.calls {
+        let arguments = json_text(&Value::Array(call.arguments.clone()));
+        let outcome = match (call.outcome, &call.result, &call.error) {
+            (CallOutcome::Ok, Some(result), _) => json_text(result),
+            (CallOutcome::Error, _, Some(error)) => format!("error: {error}"),
+            (CallOutcome::Interrupted, _, _) => "asked for a decision".to_owned(),
+            _ => call.outcome.as_str().to_owned(),
+        };
+        html!(
+            out,
+            "<tr class=\"call {}\"><td>{}</td><td><code>{}</code></td><td><pre>{}</pre></td><td><pre>{}</pre></td>\
+             <td>{} ms</td></tr>\n",
+            call.outcome.as_str(),
+            *round,
+            call.function,
+            arguments,
+            outcome,
+            call.duration_ms
+        );
+    }
+    html!(out, "</tbody>\n</table>\n");
     out
 }
 
@@ -108,6 +151,7 @@ pub fn render(viewer: Viewer<'_>, view: &AutomationView) -> Html {
         html!(main, "</section>\n");
     }
     html!(main, "{}", outcome(view));
+    html!(main, "{}", script_and_calls(view));
     if !view.history.is_empty() {
         html!(main, "<h2>Requests and decisions</h2>\n");
         for record in &view.history {

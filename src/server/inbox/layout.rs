@@ -37,7 +37,8 @@ pub fn page(title: &str, viewer: Option<Viewer<'_>>, main: Html) -> Html {
     if let Some(v) = viewer {
         html!(
             out,
-            "<span class=\"who\">{} · tenant {} · {}</span>\
+            "<nav><a href=\"/\">Inbox</a> <a href=\"/history\">History</a> <a href=\"/sessions\">Sessions</a></nav>\
+             <span class=\"who\">{} · tenant {} · {}</span>\
              <form method=\"post\" action=\"/logout\" class=\"inline\">\
              <input type=\"hidden\" name=\"{}\" value=\"{}\">\
              <button type=\"submit\" class=\"link\">Sign out</button></form>",

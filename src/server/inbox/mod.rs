@@ -20,12 +20,14 @@ mod error;
 mod form;
 mod format;
 pub mod headers;
+mod history_page;
 pub mod html;
 mod inbox_page;
 mod layout;
 mod pages;
 mod request;
 pub mod session_cookie;
+mod sessions_page;
 
 use axum::Router;
 use axum::middleware;
@@ -66,6 +68,9 @@ pub fn routes() -> Router<AppState> {
         .route("/", get(pages::index))
         .route("/login", post(pages::login))
         .route("/logout", post(pages::logout))
+        .route("/history", get(pages::history))
+        .route("/sessions", get(pages::sessions))
+        .route("/sessions/{id}", get(pages::session))
         .route("/automations/{id}", get(pages::automation))
         .route("/automations/{id}/events", get(pages::events))
         .route("/automations/{id}/decide", post(pages::decide))

@@ -12,12 +12,16 @@ use super::form::{PostedForm, ProtectedForm};
 use super::html::Html;
 use super::layout::{self, Viewer};
 use super::session_cookie::{self, MAX_KEY_BYTES, Session};
-use super::{automation_page, decision_form, inbox_page};
+use super::{automation_page, decision_form, history_page, inbox_page, sessions_page};
 use crate::automation::AutomationError;
 use crate::server::AppState;
 use crate::server::auth::Role;
-use crate::server::routes::{automation_id, ndjson_events};
+use crate::server::error::ApiError;
+use crate::server::history::{cursor_text, parse_cursor};
+use crate::server::routes::{automation_id, ndjson_events, run_id};
 use crate::server::throttle::ClientIp;
+use crate::session::{SessionError, SessionsShown};
+use resumable_workflow::RunCursor;
 
 /// The most approvals the inbox shows.
 const MAX_INBOX: usize = 200;
@@ -68,6 +72,74 @@ pub async fn automation(
     let view = state.automations.get(&session.caller.tenant, &automation_id(&id)?).await?;
     let csrf = session.csrf_token(&state.inbox.csrf);
     Ok(html(automation_page::render(Viewer { caller: &session.caller, csrf: &csrf }, &view)))
+}
+
+/// `?cursor=` of the history and sessions pages: a page's next, as its link gives it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PageQuery {
+    #[serde(default)]
+    cursor: Option<String>,
+}
+
+impl PageQuery {
+    fn cursor(&self) -> Result<Option<RunCursor>, PageError> {
+        self.cursor.as_deref().map(|c| parse_cursor(c).map_err(PageError::from)).transpose()
+    }
+}
+
+/// The rows of a history or sessions page.
+const PAGE_ROWS: u32 = 50;
+
+/// `GET /history`: the tenant's automations, newest first.
+pub async fn history(
+    State(state): State<AppState>,
+    session: Session,
+    query: Result<Query<PageQuery>, QueryRejection>,
+) -> Result<Response, PageError> {
+    let Query(query) = query.map_err(|e| PageError::bad_form(format!("invalid query: {}", e.body_text())))?;
+    let page = state.automations.list(&session.caller.tenant, &[], query.cursor()?, PAGE_ROWS).await?;
+    let csrf = session.csrf_token(&state.inbox.csrf);
+    let next = page.next.as_ref().map(cursor_text);
+    Ok(html(history_page::render(Viewer { caller: &session.caller, csrf: &csrf }, &page, next)))
+}
+
+/// `GET /sessions`: the tenant's sessions, newest first.
+pub async fn sessions(
+    State(state): State<AppState>,
+    session: Session,
+    query: Result<Query<PageQuery>, QueryRejection>,
+) -> Result<Response, PageError> {
+    let Query(query) = query.map_err(|e| PageError::bad_form(format!("invalid query: {}", e.body_text())))?;
+    let sessions = state.automations.sessions();
+    let page = sessions
+        .list(&session.caller.tenant, SessionsShown::All, query.cursor()?, PAGE_ROWS)
+        .await
+        .map_err(|e| PageError::from(ApiError::internal(e.to_string())))?;
+    let csrf = session.csrf_token(&state.inbox.csrf);
+    let next = page.next.as_ref().map(cursor_text);
+    Ok(html(sessions_page::list(Viewer { caller: &session.caller, csrf: &csrf }, &page, next)))
+}
+
+/// The most events a session's page shows.
+const SESSION_EVENTS: u32 = 1_000;
+
+/// `GET /sessions/{id}`: a session of the tenant, live or ended, and its events.
+pub async fn session(
+    State(state): State<AppState>,
+    session: Session,
+    Path(id): Path<String>,
+) -> Result<Response, PageError> {
+    let not_found = || PageError::from(ApiError::not_found("no such session"));
+    let id = run_id(&id).ok_or_else(not_found)?;
+    let (view, _live, events) =
+        match state.automations.sessions().inspect(&session.caller.tenant, &id, SESSION_EVENTS).await {
+            Ok(found) => found,
+            Err(SessionError::Gone { .. }) => return Err(not_found()),
+            Err(e) => return Err(ApiError::internal(e.to_string()).into()),
+        };
+    let csrf = session.csrf_token(&state.inbox.csrf);
+    Ok(html(sessions_page::render(Viewer { caller: &session.caller, csrf: &csrf }, &view, &events)))
 }
 
 /// `?from=N` of the events route.
