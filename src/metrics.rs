@@ -23,7 +23,8 @@ pub const CONNECTOR_ERRORS: &str = "resumable_connector_errors_total";
 pub const STORE_ERRORS: &str = "resumable_store_errors_total";
 /// Webhook delivery attempts, by outcome (`delivered`, `failed`, `rejected`, `dropped`).
 pub const WEBHOOK_ATTEMPTS: &str = "resumable_webhook_attempts_total";
-/// Automations by status (read from the database at scrape time).
+/// Automations not ended yet, by status (read from the database at scrape time; figures of the
+/// whole database, the same on every server sharing it).
 pub const AUTOMATIONS: &str = "resumable_automations";
 /// Approval rounds waiting for a decision (read from the database at scrape time).
 pub const PENDING_APPROVALS: &str = "resumable_pending_approvals";
@@ -94,35 +95,39 @@ pub(crate) fn webhook_attempt(outcome: &str) {
     counter!(WEBHOOK_ATTEMPTS, "outcome" => outcome.to_owned()).increment(1);
 }
 
-/// The figures read from the database and the runner at scrape time.
+/// The figures read from the database at scrape time.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Gauges {
-    /// Automations by status.
+    /// Automations not ended yet, by status.
     pub automations: Vec<(String, u64)>,
     /// Rounds waiting for a decision.
     pub pending_approvals: u64,
     /// Webhook deliveries not started yet or waiting to retry.
     pub webhook_backlog: u64,
-    /// The script runner's counters.
-    pub runner: resumable_runner::RunnerStats,
 }
 
 impl Gauges {
-    /// Sets the gauges (and the runner's counters, which it keeps itself) to these figures.
+    /// The statuses of automations not ended yet.
+    pub const LIVE: [&'static str; 3] = ["pending", "running", "waiting"];
+
+    /// Sets the gauges to these figures.
     pub(crate) fn publish(&self) {
-        for status in ["pending", "running", "waiting", "completed", "failed", "cancelled"] {
+        for status in Gauges::LIVE {
             let n = self.automations.iter().find(|(s, _)| s == status).map_or(0, |(_, n)| *n);
             gauge!(AUTOMATIONS, "status" => status).set(n as f64);
         }
         gauge!(PENDING_APPROVALS).set(self.pending_approvals as f64);
         gauge!(WEBHOOK_BACKLOG).set(self.webhook_backlog as f64);
-        let runner = &self.runner;
-        gauge!(WORKER_PROCESSES, "state" => "busy").set(runner.processes_busy as f64);
-        gauge!(WORKER_PROCESSES, "state" => "idle").set(runner.processes_idle as f64);
-        counter!(WORKER_PROCESSES_STARTED).absolute(runner.processes_started);
-        counter!(WORKER_PROCESSES_STOPPED, "reason" => "killed").absolute(runner.processes_killed);
-        counter!(WORKER_PROCESSES_STOPPED, "reason" => "retired").absolute(runner.processes_retired);
-        counter!(BYTECODE_CACHE, "lookup" => "hit").absolute(runner.bytecode_hits);
-        counter!(BYTECODE_CACHE, "lookup" => "miss").absolute(runner.bytecode_misses);
     }
+}
+
+/// Sets the worker-process figures and the runner's counters (which it keeps itself) to `runner`'s.
+pub(crate) fn publish_runner(runner: &resumable_runner::RunnerStats) {
+    gauge!(WORKER_PROCESSES, "state" => "busy").set(runner.processes_busy as f64);
+    gauge!(WORKER_PROCESSES, "state" => "idle").set(runner.processes_idle as f64);
+    counter!(WORKER_PROCESSES_STARTED).absolute(runner.processes_started);
+    counter!(WORKER_PROCESSES_STOPPED, "reason" => "killed").absolute(runner.processes_killed);
+    counter!(WORKER_PROCESSES_STOPPED, "reason" => "retired").absolute(runner.processes_retired);
+    counter!(BYTECODE_CACHE, "lookup" => "hit").absolute(runner.bytecode_hits);
+    counter!(BYTECODE_CACHE, "lookup" => "miss").absolute(runner.bytecode_misses);
 }

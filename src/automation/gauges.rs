@@ -1,12 +1,14 @@
-//! The service's figures at one moment, for `/metrics`: automations by status, pending approvals,
-//! the webhook backlog, read from the database, and the script runner's counters.
+//! The service's figures at one moment, for `/metrics`: automations not ended yet by status,
+//! pending approvals and the webhook backlog, read from the database, and the script runner's
+//! counters.
 
 use super::{AutomationError, Automations, WORKFLOW};
 use crate::metrics::Gauges;
 use crate::webhook::WORKFLOW as WEBHOOK_WORKFLOW;
 
-/// Automations by status (every tenant's).
-const BY_STATUS: &str = "SELECT status, COUNT(*) AS n FROM runs WHERE workflow = $1 GROUP BY status";
+/// Automations not ended yet, by status (every tenant's), from the index on status.
+const BY_STATUS: &str = "SELECT status, COUNT(*) AS n FROM runs
+    WHERE status IN ('pending', 'running', 'waiting') AND workflow = $1 GROUP BY status";
 
 /// Rounds that wait for a decision.
 const PENDING: &str = "SELECT COUNT(*) AS n FROM approval_index";
@@ -32,7 +34,11 @@ impl Automations {
             automations,
             pending_approvals: count(pending.get("n").map_err(internal)?),
             webhook_backlog: count(backlog.get("n").map_err(internal)?),
-            runner: self.runner.stats(),
         })
+    }
+
+    /// The script runner's counters and worker processes now.
+    pub fn runner_stats(&self) -> resumable_runner::RunnerStats {
+        self.runner.stats()
     }
 }

@@ -446,21 +446,24 @@ async fn wait_for_decisions(
                 let (audit, tenant, automation) = (deps.audit.clone(), tenant.to_owned(), ctx.run_id().to_string());
                 let entry = AuditEntry::decision(Actor::new(SYSTEM_ACTOR), &automation, round, &batch.decisions)
                     .dedup_key(format!("expiry:{automation}:{round}:{}", expired_ids(&batch)));
-                let asked_at = pending.iter().filter_map(|r| r.deadline.map(|d| d.asked_at)).min();
-                ctx.step("audit-expiry", move |_| async move {
-                    audit.record(&tenant, entry).await.map_err(|e| StepError::retryable(e.to_string()))?;
-                    if let Some(asked_at) = asked_at {
-                        crate::metrics::approval_settled(true, crate::db::from_ms(asked_at));
-                    }
-                    Ok(())
-                })
-                .await?;
                 let expired: Vec<&PendingRequest> = batch
                     .decisions
                     .iter()
                     .filter_map(|d| pending.iter().find(|r| r.interruption_id == d.interruption_id))
                     .collect();
                 let fails = expired.iter().any(|r| r.deadline.is_some_and(|d| d.on_expiry == OnExpiry::Fail));
+                // The round's wait ends here when this batch settles it (a partial expiry does not).
+                let settled_at = (fails || progress.is_decided())
+                    .then(|| pending.iter().filter_map(|r| r.deadline.map(|d| d.asked_at)).min())
+                    .flatten();
+                ctx.step("audit-expiry", move |_| async move {
+                    audit.record(&tenant, entry).await.map_err(|e| StepError::retryable(e.to_string()))?;
+                    if let Some(asked_at) = settled_at {
+                        crate::metrics::approval_settled(true, crate::db::from_ms(asked_at));
+                    }
+                    Ok(())
+                })
+                .await?;
                 let on_expiry = if fails { OnExpiry::Fail } else { OnExpiry::Reject };
                 let interruptions = expired.iter().map(|r| r.interruption_id.clone()).collect();
                 publisher.publish(AutomationEvent::Expired { round, interruptions, on_expiry }.to_value()).await?;

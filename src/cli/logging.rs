@@ -48,7 +48,15 @@ impl LogArgs {
             // A panic's message is a log line like every other, so that each line stays JSON.
             std::panic::set_hook(Box::new(|panic| {
                 let backtrace = std::backtrace::Backtrace::capture();
-                tracing::error!(%panic, %backtrace, "panicked");
+                if tracing::enabled!(tracing::Level::ERROR) {
+                    tracing::error!(%panic, %backtrace, "panicked");
+                } else {
+                    // Filtered out by RUST_LOG: a panic is never silent.
+                    eprintln!(
+                        "{}",
+                        serde_json::json!({ "level": "ERROR", "message": "panicked", "panic": panic.to_string() })
+                    );
+                }
             }));
         }
         Ok(())
@@ -59,7 +67,16 @@ impl LogArgs {
     pub fn fatal(self, message: impl std::fmt::Display) {
         match self.log_format {
             LogFormat::Text => eprintln!("error: {message}"),
-            LogFormat::Json => tracing::error!(error = %message, "exiting"),
+            LogFormat::Json if tracing::enabled!(tracing::Level::ERROR) => {
+                tracing::error!(error = %message, "exiting")
+            }
+            // Filtered out by RUST_LOG: why the command stops is never silent.
+            LogFormat::Json => {
+                eprintln!(
+                    "{}",
+                    serde_json::json!({ "level": "ERROR", "message": "exiting", "error": message.to_string() })
+                )
+            }
         }
     }
 }

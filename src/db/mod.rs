@@ -68,6 +68,17 @@ const POSTGRES_CONNECTIONS: u32 = 8;
 /// The table of the application's applied migrations (the workflow store keeps its own).
 const MIGRATIONS_TABLE: &str = "app_schema_migrations";
 
+/// How a database's schema compares with this build's ([`AppDb::schema`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum SchemaState {
+    /// This build's.
+    Current,
+    /// Not migrated to this build's yet (which one, and how far).
+    Older(String),
+    /// Migrated by a later release (during a rolling upgrade, say): this build still works on it.
+    Newer(String),
+}
+
 /// Which database an [`AppDb`] talks to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[non_exhaustive]
@@ -296,12 +307,9 @@ impl AppDb {
         }
     }
 
-    /// Applies the application's pending migrations in one transaction; refuses a schema newer
-    /// than this build's.
-    /// Whether the database's schema is the one this build migrates to, the engine's and the
-    /// application's both: `Err` says which is not (older: not migrated; newer: a later release
-    /// migrated it, and this one must not write to it).
-    pub async fn schema_is_current(&self) -> Result<Result<(), String>, DbError> {
+    /// How the database's schema compares with the one this build migrates to, the engine's and
+    /// the application's both.
+    pub async fn schema(&self) -> Result<SchemaState, DbError> {
         let (engine, app) = match self.backend() {
             Backend::Sqlite => (resumable_workflow::store::sqlite::SCHEMA_VERSION, SQLITE_MIGRATIONS.len()),
             #[cfg(feature = "postgres")]
@@ -313,16 +321,24 @@ impl AppDb {
             ("schema_migrations", "SELECT MAX(version) AS v FROM schema_migrations", engine),
             (MIGRATIONS_TABLE, "SELECT MAX(version) AS v FROM app_schema_migrations", app as i64),
         ];
+        let mut state = SchemaState::Current;
         for (table, sql, expected) in tables {
             let found: Option<i64> = self.fetch_one(sql, vec![]).await?.get("v")?;
-            if found != Some(expected) {
+            let what = || {
                 let found = found.map_or("none".to_owned(), |v| v.to_string());
-                return Ok(Err(format!("{table} is at version {found}, this build expects {expected}")));
+                format!("{table} is at version {found}, this build's is {expected}")
+            };
+            match found {
+                Some(v) if v == expected => {}
+                Some(v) if v > expected => state = SchemaState::Newer(what()),
+                _ => return Ok(SchemaState::Older(what())),
             }
         }
-        Ok(Ok(()))
+        Ok(state)
     }
 
+    /// Applies the application's pending migrations in one transaction; refuses a schema newer
+    /// than this build's.
     async fn migrate(&self) -> Result<(), DbError> {
         match &self.conn {
             Conn::Sqlite(store) => Ok(store.write(sqlite_migrate).await?),

@@ -18,9 +18,13 @@ use serde_json::json;
 
 use super::AppState;
 use super::error::ApiError;
+use crate::automation::Readiness;
 
 /// How often scrapes read the database's figures at most.
 const REFRESH: Duration = Duration::from_secs(1);
+
+/// How often the recorder folds recorded histogram samples in.
+const UPKEEP: Duration = Duration::from_secs(5);
 
 /// How long a scrape waits for the database's figures.
 const DATABASE_WAIT: Duration = Duration::from_secs(3);
@@ -30,11 +34,14 @@ const READINESS_EVERY: Duration = Duration::from_secs(1);
 
 static RECORDER: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 static REFRESHED: Mutex<Option<Instant>> = Mutex::new(None);
-static READINESS: tokio::sync::Mutex<Option<(Instant, crate::automation::Readiness)>> =
-    tokio::sync::Mutex::const_new(None);
+/// The last readiness answer, and whether a check runs now (one at a time: probes meanwhile get
+/// the last answer).
+static READINESS: Mutex<Option<(Instant, Readiness)>> = Mutex::new(None);
+static CHECKING: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
-/// Installs the Prometheus recorder as the process's metrics recorder, once; `false` when the
-/// process has another recorder already (then `/metrics` is 404 and the metrics go to that one).
+/// Installs the Prometheus recorder as the process's metrics recorder, once, with its upkeep task
+/// on the current Tokio runtime; `false` when the process has another recorder already (then
+/// `/metrics` is 404 and the metrics go to that one).
 pub fn install_metrics() -> bool {
     RECORDER
         .get_or_init(|| {
@@ -49,6 +56,16 @@ pub fn install_metrics() -> bool {
             match metrics::set_global_recorder(recorder) {
                 Ok(()) => {
                     crate::metrics::describe();
+                    // Histograms keep their samples until an upkeep folds them in: without one, a
+                    // server nobody scrapes would grow without bound.
+                    let upkeep = handle.clone();
+                    tokio::spawn(async move {
+                        let mut every = tokio::time::interval(UPKEEP);
+                        loop {
+                            every.tick().await;
+                            upkeep.run_upkeep();
+                        }
+                    });
                     Some(handle)
                 }
                 Err(e) => {
@@ -86,6 +103,7 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError
         }
         due
     };
+    crate::metrics::publish_runner(&state.automations.runner_stats());
     if due {
         match tokio::time::timeout(DATABASE_WAIT, state.automations.gauges()).await {
             Ok(Ok(gauges)) => gauges.publish(),
@@ -101,15 +119,24 @@ pub async fn metrics(State(state): State<AppState>) -> Result<Response, ApiError
 /// what failed otherwise: `{"ready", "checks": {"database", "migrations", "worker"}}`, each check
 /// `"ok"` or why not.
 pub async fn readiness(State(state): State<AppState>) -> Response {
-    let readiness = {
-        let mut last = READINESS.lock().await;
-        match last.as_ref() {
-            Some((at, readiness)) if at.elapsed() < READINESS_EVERY => readiness.clone(),
-            _ => {
+    let last = || READINESS.lock().unwrap_or_else(|p| p.into_inner()).clone();
+    let readiness = loop {
+        if let Some((at, readiness)) = last()
+            && at.elapsed() < READINESS_EVERY
+        {
+            break readiness;
+        }
+        match CHECKING.try_lock() {
+            Ok(_checking) => {
                 let readiness = state.automations.readiness().await;
-                *last = Some((Instant::now(), readiness.clone()));
-                readiness
+                *READINESS.lock().unwrap_or_else(|p| p.into_inner()) = Some((Instant::now(), readiness.clone()));
+                break readiness;
             }
+            // Another probe is checking: the last answer, or (before the first) the one it finds.
+            Err(_) => match last() {
+                Some((_, readiness)) => break readiness,
+                None => drop(CHECKING.lock().await),
+            },
         }
     };
     let check = |failure: &Option<String>| json!(failure.as_deref().unwrap_or("ok"));

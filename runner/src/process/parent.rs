@@ -397,7 +397,7 @@ async fn forward_stderr(stderr: tokio::process::ChildStderr, pid: u32) {
                 String::from_utf8_lossy(&line).chars().map(|c| if c.is_control() { '?' } else { c }).collect();
             budget = budget.saturating_sub(text.len().max(1));
             let note = if budget == 0 { " (further output of this worker is dropped)" } else { "" };
-            eprintln!("resumable worker {pid}: {text}{note}");
+            tracing::warn!(worker = pid, line = %text, "a worker process wrote to stderr{note}");
         }
         line.clear();
     }

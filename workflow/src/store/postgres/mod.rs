@@ -46,10 +46,10 @@ use crate::migrations::{Migration, migrate_postgres};
 use crate::run::{RunFilter, RunInfo, RunPage, RunStatus};
 use crate::time::{Millis, duration_ms, from_ms, now_ms, to_ms};
 
-/// The embedded migrations, applied in order at open.
 /// The version of the schema this build migrates a PostgreSQL database to (its last migration's).
 pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;
 
+/// The embedded migrations, applied in order at open.
 const MIGRATIONS: &[Migration] = &[
     Migration::new(1, "init", include_str!("../../../migrations/postgres/0001_init.sql")),
     Migration::new(2, "step_functions", include_str!("../../../migrations/postgres/0002_step_functions.sql")),

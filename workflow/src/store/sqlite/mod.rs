@@ -34,10 +34,10 @@ use crate::migrations::{Migration, migrate_sqlite};
 use crate::run::{RunFilter, RunInfo, RunPage, RunStatus};
 use crate::time::{Millis, duration_ms, from_ms, now_ms, to_ms};
 
-/// The embedded migrations, applied in order at open.
 /// The version of the schema this build migrates a SQLite database to (its last migration's).
 pub const SCHEMA_VERSION: i64 = MIGRATIONS[MIGRATIONS.len() - 1].version;
 
+/// The embedded migrations, applied in order at open.
 const MIGRATIONS: &[Migration] = &[
     Migration::new(1, "init", include_str!("../../../migrations/sqlite/0001_init.sql")),
     Migration::new(2, "stream_positions", include_str!("../../../migrations/sqlite/0002_stream_positions.sql")),
