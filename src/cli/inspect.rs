@@ -34,7 +34,7 @@ pub struct InspectArgs {
 
 /// Verifies the token and prints its pending interruptions, expiry and run id.
 pub fn execute(args: InspectArgs) -> ExitCode {
-    let secret = match read_secret(&args) {
+    let secret = match read_secret(args.secret_file.as_deref()) {
         Ok(secret) => secret,
         Err(message) => return usage_error(message),
     };
@@ -61,8 +61,10 @@ pub fn execute(args: InspectArgs) -> ExitCode {
     ExitCode::from(status)
 }
 
-fn read_secret(args: &InspectArgs) -> Result<Vec<u8>, String> {
-    let secret = match &args.secret_file {
+/// The secret in `secret_file` (its whole content, a trailing newline removed), or else in
+/// [`SECRET_ENV`].
+pub fn read_secret(secret_file: Option<&std::path::Path>) -> Result<Vec<u8>, String> {
+    let secret = match secret_file {
         Some(path) => {
             std::fs::read(path).map_err(|e| format!("cannot read the secret file {}: {e}", path.display()))?
         }

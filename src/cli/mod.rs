@@ -1,5 +1,6 @@
 //! The command line: a top-level parser with one subcommand per task.
 
+mod admin;
 mod audit;
 mod inspect;
 mod logging;
@@ -51,6 +52,17 @@ pub enum Command {
     /// Work with the tenants' audit log.
     #[command(subcommand)]
     Audit(audit::AuditCommand),
+    /// Resume a continuation that `run --secret-file` printed, with decisions.
+    Resume(run::ResumeArgs),
+    /// List, show and cancel automations on a server (`--server`, `RESUMABLE_API_KEY`).
+    #[command(subcommand)]
+    Automations(admin::AutomationsCommand),
+    /// List and decide pending approvals on a server.
+    #[command(subcommand)]
+    Approvals(admin::ApprovalsCommand),
+    /// List, show and destroy sessions on a server.
+    #[command(subcommand)]
+    Sessions(admin::SessionsCommand),
     /// Serve runs on stdin/stdout as a worker process (started by the runner itself).
     #[command(name = "__worker", hide = true)]
     Worker,
@@ -74,6 +86,10 @@ impl Cli {
             Command::Config(ConfigCommand::Check(args)) => serve::execute_config_check(args),
             Command::Functions(args) => serve::execute_functions(args),
             Command::Audit(command) => audit::execute(command),
+            Command::Resume(args) => run::resume(args),
+            Command::Automations(command) => admin::automations(command),
+            Command::Approvals(command) => admin::approvals(command),
+            Command::Sessions(command) => admin::sessions(command),
             Command::Worker => resumable::runner::process::serve_worker(),
         }
     }

@@ -30,6 +30,10 @@ pub enum Report<'a> {
         interruptions: &'a [Interruption],
         /// Console output of the run.
         console: &'a [ConsoleLine],
+        /// The token that resumes the run (`resumable resume`), when it was made with a secret
+        /// the caller holds.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        continuation: Option<&'a str>,
     },
     /// The run ended with an error.
     Failed {
@@ -77,12 +81,13 @@ impl<'a> Report<'a> {
     }
 }
 
-/// Prints the result of a run.
-pub fn print_outcome(result: &Result<Outcome, RunError>) -> ExitCode {
+/// Prints the result of a run, with the continuation of an interrupted one when `with_token`.
+pub fn print_outcome(result: &Result<Outcome, RunError>, with_token: bool) -> ExitCode {
     match result {
         Ok(Outcome::Completed(done)) => Report::Completed { value: &done.value, console: &done.console }.print(),
         Ok(Outcome::Interrupted(stop)) => {
-            Report::Interrupted { interruptions: &stop.interruptions, console: &stop.console }.print()
+            let continuation = with_token.then_some(stop.continuation.as_str());
+            Report::Interrupted { interruptions: &stop.interruptions, console: &stop.console, continuation }.print()
         }
         Err(error) => Report::failed(error).print(),
     }

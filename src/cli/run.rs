@@ -5,13 +5,15 @@ use super::usage_error;
 use clap::Args;
 use resumable::db::AppDb;
 use resumable::orders::OrderBook;
+use resumable::runner::ContinuationCodec;
 use resumable::runner::LimitError;
+use resumable::runner::codec::SealedCodec;
 use resumable::runner::process::ProcessConfig;
 use resumable::{
-    HostFunctions, Limit, LimitOverrides, Outcome, RunError, RunRequest, Runner, RunnerConfig, SignedCodec,
-    SignedCodecConfig,
+    ErrorCode, HostFunctions, Limit, LimitOverrides, Outcome, Resolution, RunError, RunRequest, Runner, RunnerConfig,
+    SignedCodec, SignedCodecConfig,
 };
-use serde_json::Value;
+use serde_json::{Value, json};
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -84,7 +86,69 @@ pub struct RunArgs {
     /// acme) on a throwaway database; a refund ends the run interrupted.
     #[arg(long)]
     demo: bool,
+
+    /// Sign the continuation of an interrupted run with the secret in this file (its whole
+    /// content, a trailing newline removed; or RESUMABLE_SECRET) and print it, so that
+    /// `resumable resume` can continue the run.
+    #[arg(long, value_name = "PATH")]
+    secret_file: Option<PathBuf>,
+
+    /// Seal the continuation (encrypted and signed) instead of signing it.
+    #[arg(long, requires = "secret_file")]
+    seal: bool,
 }
+
+/// Arguments of `resumable resume`.
+#[derive(Debug, Args)]
+#[command(after_help = RESUME_AFTER_HELP)]
+pub struct ResumeArgs {
+    /// The continuation token an interrupted `resumable run` printed.
+    #[arg(value_name = "TOKEN")]
+    token: String,
+
+    /// The script file the run ran (`-` reads it from stdin): a continuation resumes only its own
+    /// source.
+    #[arg(value_name = "FILE")]
+    file: PathBuf,
+
+    /// `INTERRUPTION_ID=true` to approve, `=false` to reject (repeat for each request).
+    #[arg(long = "decision", value_name = "ID=BOOL", required = true, value_parser = super::admin::parse_decision)]
+    decisions: Vec<(String, bool)>,
+
+    /// Why (given to the resumed calls with each decision).
+    #[arg(long, value_name = "TEXT")]
+    reason: Option<String>,
+
+    /// Who decides (given to the resumed calls as `decidedBy`).
+    #[arg(long, value_name = "NAME", default_value = "cli")]
+    by: String,
+
+    /// The demo order system, as `run --demo` gave it (a fresh copy: the resumed refund happens
+    /// there).
+    #[arg(long)]
+    demo: bool,
+
+    /// The file of the secret the token was made with (or RESUMABLE_SECRET).
+    #[arg(long, value_name = "PATH")]
+    secret_file: Option<PathBuf>,
+
+    /// Print the run's events as NDJSON while it runs, before the final status line.
+    #[arg(long)]
+    events: bool,
+}
+
+const RESUME_AFTER_HELP: &str = "\
+Resumes a run that `resumable run --secret-file PATH` left interrupted: the calls it made come
+from the continuation's ledger, and each interrupted call runs again with its decision,
+{\"approved\", \"reason\", \"decidedBy\": [NAME]}. Prints the same JSON line as `run` (with the
+next token, if the resumed run asks again). A signed token proves it came from a holder of the
+secret; a sealed one also hides what it holds.
+
+Example:
+  resumable run --demo --secret-file s refund.js          # exit 3, prints \"continuation\":\"…\"
+  resumable resume TOKEN refund.js --demo --secret-file s --decision interrupt-2=true
+
+Exit status: as for run; 2 also for a token made with another secret or for another source.";
 
 impl RunArgs {
     /// The per-run limit overrides given on the command line.
@@ -109,14 +173,66 @@ pub fn execute(args: RunArgs) -> ExitCode {
         Ok(source) => source,
         Err(err) => return usage_error(format_args!("cannot read the script {}: {err}", args.file.display())),
     };
+    let codec = match &args.secret_file {
+        None => None,
+        Some(path) => match codec_from(Some(path), args.seal) {
+            Ok(codec) => Some(codec),
+            Err(message) => return usage_error(message),
+        },
+    };
     let request = RunRequest::new(source).limits(overrides).context(args.context.unwrap_or(Value::Null));
-    print_outcome(&run_once(request, args.events, args.demo))
+    let with_token = codec.is_some();
+    print_outcome(&run_once(request, args.events, args.demo, codec), with_token)
+}
+
+/// Resumes a continuation with decisions and prints the report; see [`ResumeArgs`].
+pub fn resume(args: ResumeArgs) -> ExitCode {
+    let source = match read_script(&args.file) {
+        Ok(source) => source,
+        Err(err) => return usage_error(format_args!("cannot read the script {}: {err}", args.file.display())),
+    };
+    let token = args.token.trim().to_owned();
+    // A signed token has three parts (header.state.mac), a sealed one two (header.sealed).
+    let codec = match codec_from(args.secret_file.as_deref(), token.split('.').count() == 2) {
+        Ok(codec) => codec,
+        Err(message) => return usage_error(message),
+    };
+    let resolutions = args.decisions.iter().map(|(id, approved)| {
+        Resolution::new(id.clone(), json!({ "approved": approved, "reason": args.reason, "decidedBy": [args.by] }))
+    });
+    let request = RunRequest::new(source).resume(token, resolutions);
+    let result = run_once(request, args.events, args.demo, Some(codec));
+    match &result {
+        // A token that is not this secret's, or not this source's, is the caller's mistake.
+        Err(e) if e.code == ErrorCode::ProtocolError => {
+            print_outcome(&result, true);
+            ExitCode::from(super::EXIT_USAGE)
+        }
+        _ => print_outcome(&result, true),
+    }
+}
+
+/// The codec of a secret file (or `RESUMABLE_SECRET`): sealed or signed.
+fn codec_from(secret_file: Option<&Path>, sealed: bool) -> Result<ContinuationCodec, String> {
+    let secret = super::inspect::read_secret(secret_file)?;
+    let config = SignedCodecConfig::new(secret);
+    if sealed {
+        SealedCodec::new(config).map(ContinuationCodec::from).map_err(|e| e.to_string())
+    } else {
+        SignedCodec::new(config).map(ContinuationCodec::from).map_err(|e| e.to_string())
+    }
 }
 
 /// Runs one request on a one-worker runner inside a fresh tokio runtime,
 /// writing its events to stdout as they happen when `events` is set, with the
-/// demo order system's host functions when `demo` is set.
-fn run_once(request: RunRequest, events: bool, demo: bool) -> Result<Outcome, RunError> {
+/// demo order system's host functions when `demo` is set, and continuations made (or read) by
+/// `codec` when given.
+fn run_once(
+    request: RunRequest,
+    events: bool,
+    demo: bool,
+    codec: Option<ContinuationCodec>,
+) -> Result<Outcome, RunError> {
     let tokio = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -129,12 +245,17 @@ fn run_once(request: RunRequest, events: bool, demo: bool) -> Result<Outcome, Ru
     let mut request = request;
     let demo_db = if demo {
         let (db, host) = tokio.block_on(DemoOrders::open())?;
-        // The continuation of an interrupted demo run is never resumed: a random secret will do.
-        config = config.codec(random_signed_codec()?);
         request = request.host(host);
         Some(db)
     } else {
         None
+    };
+    config = match codec {
+        Some(codec) => config.codec(codec),
+        // Without a secret the continuation of an interrupted run cannot be resumed: a random
+        // secret will do, and the token is not printed.
+        None if demo => config.codec(random_signed_codec()?),
+        None => config,
     };
     let runner = Runner::new(config).map_err(|err| RunError::internal(err.0))?;
     let run = runner.start(request);

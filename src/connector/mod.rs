@@ -25,7 +25,7 @@ pub use signature::{TOLERANCE_SECS, sign, verify};
 use crate::audit::Audit;
 use crate::config::{Approval, FunctionConfig, FunctionName, render_summary};
 use request::Sender;
-pub(crate) use request::describe as describe_send_error;
+pub use request::describe as describe_send_error;
 
 /// The interrupt payload's `kind` for a connector's approval request.
 pub const APPROVAL_KIND: &str = "connector-approval";

@@ -202,7 +202,7 @@ async fn read_capped(mut response: reqwest::Response, cap: u64) -> Result<Vec<u8
 }
 
 /// What went wrong with a request, for the script and the logs (never the URL's query).
-pub(crate) fn describe(e: reqwest::Error) -> String {
+pub fn describe(e: reqwest::Error) -> String {
     if e.is_timeout() {
         "timed out".to_owned()
     } else if e.is_connect() {
