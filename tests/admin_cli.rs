@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Client, Server, TempDir, WAIT};
+use support::{Server, TempDir, WAIT};
 
 /// Reads an order, then asks to refund part of it.
 const REFUND: &str = "const o = await orders.get('A-1002'); return await orders.refund(o.id, 1500);";
@@ -42,12 +42,6 @@ fn ok(server: &str, args: &[&str]) -> Value {
     value
 }
 
-async fn submit(client: &Client, source: &str) -> String {
-    let response = client.post("/v1/automations", &json!({ "source": source })).await;
-    assert_eq!(response.status, 202, "{}", response.text());
-    response.json()["id"].as_str().unwrap().to_owned()
-}
-
 /// Runs `show` until `done` holds for the automation.
 async fn shown_until(server: &str, id: &str, done: impl Fn(&Value) -> bool) -> Value {
     let deadline = tokio::time::Instant::now() + WAIT;
@@ -67,7 +61,7 @@ async fn the_admin_commands_list_show_decide_cancel_and_destroy_on_a_live_server
     let server = Server::start(&dir, &[]);
     let url = server.url();
     let api = server.client(Some("demo-acme"));
-    let (refund, other) = (submit(&api, REFUND).await, submit(&api, REFUND).await);
+    let (refund, other) = (api.submit(REFUND).await, api.submit(REFUND).await);
     let waiting = |v: &Value| v["status"] == "waiting" && !v["pendingApproval"].is_null();
     let view = shown_until(&url, &refund, waiting).await;
     shown_until(&url, &other, waiting).await;

@@ -20,12 +20,6 @@ const KEYS: &str = r#"{"keys":[
     {"key":"globex-key","actor":"gus","tenant":"globex","roles":["submitter"]}
 ]}"#;
 
-async fn submit(client: &Client, source: &str) -> String {
-    let response = client.post("/v1/automations", &json!({ "source": source })).await;
-    assert_eq!(response.status, 202, "submit: {}", response.text());
-    response.json()["id"].as_str().expect("an id").to_owned()
-}
-
 /// Opens the caller's feed from `from` (a cursor or `latest`; no `from` when `None`).
 async fn feed(client: &Client, from: Option<&str>) -> Lines {
     let path = from.map_or("/v1/events".to_owned(), |from| format!("/v1/events?from={from}"));
@@ -85,10 +79,10 @@ on_both_backends! {
 
         // Opened before anything happened: it follows live.
         let mut live = feed(&acme, None).await;
-        let other = submit(&globex, REFUND).await;
-        let a = submit(&acme, REFUND).await;
+        let other = globex.submit(REFUND).await;
+        let a = acme.submit(REFUND).await;
         let first = take(&mut live, 1).await;
-        let b = submit(&acme, REFUND).await;
+        let b = acme.submit(REFUND).await;
         let second = take(&mut live, 1).await;
         approve(&acme, &second[0]).await;
         let b_done = take(&mut live, 2).await;
@@ -145,7 +139,7 @@ on_both_backends! {
         }
         let mut middle = feed(&acme, Some("4")).await;
         assert_eq!(take(&mut middle, all.len() - 3).await, all[3..]);
-        let c = submit(&acme, "return 1").await;
+        let c = acme.submit("return 1").await;
         let next = take(&mut middle, 1).await.remove(0);
         assert_eq!((next["cursor"].as_u64(), next["id"].as_str()), (Some(all.len() as u64 + 1), Some(c.as_str())));
         assert_eq!(take(&mut live, 1).await[0], next, "every live reader sees it");
@@ -156,7 +150,7 @@ on_both_backends! {
         let ahead = acme.get(&format!("/v1/events?from={}", head + 2)).await;
         assert_eq!((ahead.status, &ahead.json()["error"]["code"]), (409, &json!("CURSOR_AHEAD")), "{}", ahead.text());
         let mut at_next = feed(&acme, Some(&(head + 1).to_string())).await;
-        let e = submit(&acme, "return 3").await;
+        let e = acme.submit("return 3").await;
         let newest = take(&mut latest, 1).await.remove(0);
         assert_eq!((newest["cursor"].as_u64(), newest["id"].as_str()), (Some(head + 1), Some(e.as_str())));
         assert_eq!(take(&mut at_next, 1).await[0], newest);
@@ -182,7 +176,7 @@ on_both_backends! {
         let acme = server.client(Some("demo-acme"));
         let mut resumed = feed(&acme, Some(&head.to_string())).await;
         assert_eq!(take(&mut resumed, 2).await, [next, newest]);
-        let d = submit(&acme, "return 2").await;
+        let d = acme.submit("return 2").await;
         let line = take(&mut resumed, 1).await.remove(0);
         assert_eq!((line["cursor"].as_u64(), line["id"].as_str()), (Some(head + 2), Some(d.as_str())));
     }
@@ -193,7 +187,7 @@ async fn an_idle_feed_sends_heartbeats_with_the_next_cursor() {
     let dir = TempDir::new("feed-heartbeat");
     let server = Server::start(&dir, &[]);
     let acme = server.client(Some("demo-acme"));
-    let id = submit(&acme, "return 1").await;
+    let id = acme.submit("return 1").await;
     let mut all = feed(&acme, None).await;
     assert_eq!(take(&mut all, 1).await[0]["id"], id.as_str());
     let started = std::time::Instant::now();

@@ -19,29 +19,10 @@ const KEYS: &str = r#"{"keys":[
     {"key":"globex-key","actor":"gus","tenant":"globex","roles":["submitter"]}
 ]}"#;
 
-async fn submit(client: &Client, source: &str) -> String {
-    let response = client.post("/v1/automations", &json!({ "source": source })).await;
-    assert_eq!(response.status, 202, "submit: {}", response.text());
-    response.json()["id"].as_str().expect("an id").to_owned()
-}
-
 async fn list(client: &Client, path: &str) -> Value {
     let response = client.get(path).await;
     assert_eq!(response.status, 200, "{path}: {}", response.text());
     response.json()
-}
-
-/// Polls `path` until `done` holds for its answer.
-async fn list_until(client: &Client, path: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let page = list(client, path).await;
-        if done(&page) {
-            return page;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{path} never settled: {page}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 fn ids(page: &Value, key: &str) -> Vec<String> {
@@ -62,15 +43,15 @@ on_both_backends! {
         let Some(dir) = TempDir::on(backend, "history") else { return };
         let server = Server::start_with_keys(&dir, Some(KEYS));
         let (acme, globex) = (server.client(Some("demo-acme")), server.client(Some("globex-key")));
-        let theirs = submit(&globex, "return 0").await;
+        let theirs = globex.submit("return 0").await;
         let mut submitted = Vec::new();
         for source in ["return 1", "throw new Error('no')", REFUND, "return 2", "return 3"] {
-            submitted.push(submit(&acme, source).await);
+            submitted.push(acme.submit(source).await);
             // Distinct creation times, so "newest first" is the order of submission reversed.
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         let newest_first: Vec<String> = submitted.iter().rev().cloned().collect();
-        let all = list_until(&acme, "/v1/automations", |page| {
+        let all = acme.poll("/v1/automations", |page| {
             let settled = |a: &Value| matches!(a["status"].as_str(), Some("completed" | "failed" | "waiting"));
             page["automations"].as_array().is_some_and(|a| a.len() == 5 && a.iter().all(settled))
         })
@@ -122,14 +103,14 @@ on_both_backends! {
         }
         let response = acme.post(&format!("/v1/sessions/{}/commands", sessions[0]), &json!({ "source": "return 7" })).await;
         assert_eq!(response.status, 202, "{}", response.text());
-        let with_command = list_until(&acme, "/v1/automations?limit=1", |page| page["automations"][0]["session"] == sessions[0].as_str()).await;
-        assert_eq!(list_until(&acme, "/v1/automations?limit=1", |p| p["automations"][0]["status"] == "completed").await["automations"][0]["result"], 7, "{with_command}");
+        let with_command = acme.poll("/v1/automations?limit=1", |page| page["automations"][0]["session"] == sessions[0].as_str()).await;
+        assert_eq!(acme.poll("/v1/automations?limit=1", |p| p["automations"][0]["status"] == "completed").await["automations"][0]["result"], 7, "{with_command}");
         let response = acme.request("DELETE", &format!("/v1/sessions/{}", sessions[1]), None).await;
         assert!(response.status < 300, "{}", response.text());
         let all_sessions = list(&acme, "/v1/sessions").await;
         assert_eq!(ids(&all_sessions, "sessions"), [sessions[1].clone(), sessions[0].clone()]);
         assert_eq!(all_sessions["sessions"][1]["createdBy"], "acme-demo");
-        let ended = list_until(&acme, "/v1/sessions?status=ended", |p| !p["sessions"].as_array().unwrap().is_empty()).await;
+        let ended = acme.poll("/v1/sessions?status=ended", |p| !p["sessions"].as_array().unwrap().is_empty()).await;
         assert_eq!(ids(&ended, "sessions"), [sessions[1].clone()]);
         assert_eq!(ended["sessions"][0]["live"], false);
         assert_eq!(ids(&list(&acme, "/v1/sessions?status=live").await, "sessions"), [sessions[0].clone()]);

@@ -72,24 +72,6 @@ async fn scrape_until(client: &Client, what: &str, done: impl Fn(&Samples) -> bo
     }
 }
 
-async fn view(client: &Client, id: &str) -> Value {
-    let response = client.get(&format!("/v1/automations/{id}")).await;
-    assert_eq!(response.status, 200, "{}", response.text());
-    response.json()
-}
-
-async fn poll(client: &Client, id: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let view = view(client, id).await;
-        if done(&view) {
-            return view;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{id}: {view}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_approval_round_moves_the_counters_and_histograms() {
     let dir = TempDir::new("metrics");
@@ -108,7 +90,9 @@ async fn an_approval_round_moves_the_counters_and_histograms() {
     let response = acme.post("/v1/automations", &json!({ "source": REFUND })).await;
     assert_eq!(response.status, 202, "{}", response.text());
     let id = response.json()["id"].as_str().unwrap().to_owned();
-    let waiting = poll(&acme, &id, |v| v["status"] == "waiting" && !v["pendingApproval"].is_null()).await;
+    let waiting = acme
+        .poll(&format!("/v1/automations/{id}"), |v| v["status"] == "waiting" && !v["pendingApproval"].is_null())
+        .await;
     let pending = scrape_until(&anonymous, "the pending approval", |s| {
         s.sum("resumable_pending_approvals", &[]) == 1.0
             && s.sum("resumable_automations", &[("status", "waiting")]) == 1.0
@@ -124,7 +108,7 @@ async fn an_approval_round_moves_the_counters_and_histograms() {
         .collect();
     let response = acme.post(&format!("/v1/automations/{id}/decisions"), &json!({ "decisions": decisions })).await;
     assert_eq!(response.status, 202, "{}", response.text());
-    let done = poll(&acme, &id, |v| v["status"] == "completed").await;
+    let done = acme.poll(&format!("/v1/automations/{id}"), |v| v["status"] == "completed").await;
     assert_eq!(done["result"]["refunded"], 1500);
     let after = scrape_until(&anonymous, "the completed automation", |s| {
         s.sum("resumable_automations", &[("status", "waiting")]) == 0.0
@@ -254,7 +238,7 @@ async fn readyz_is_503_while_the_database_is_cut_off_and_200_again_after() {
     let response = acme.post("/v1/automations", &json!({ "source": "return 6 * 7" })).await;
     assert_eq!(response.status, 202, "{}", response.text());
     let id = response.json()["id"].as_str().unwrap().to_owned();
-    assert_eq!(poll(&acme, &id, |v| v["status"] == "completed").await["result"], 42);
+    assert_eq!(acme.poll(&format!("/v1/automations/{id}"), |v| v["status"] == "completed").await["result"], 42);
     // The failures of the cut were counted.
     assert!(scrape(&client).await.sum("resumable_store_errors_total", &[]) >= 1.0);
 }

@@ -5,7 +5,7 @@ use std::time::SystemTime;
 use resumable_workflow::{RunCursor, RunFilter, RunId, RunInfo, RunStatus};
 use serde_json::{Value, json};
 
-use super::view::error_of;
+use super::view::run_error;
 use super::{AutomationError, AutomationInput, Automations, WORKFLOW};
 use crate::db::to_ms;
 
@@ -37,15 +37,8 @@ pub struct AutomationSummary {
 
 impl AutomationSummary {
     fn of(run: RunInfo) -> Option<AutomationSummary> {
+        let error = run_error(&run);
         let input: AutomationInput = serde_json::from_value(run.input).ok()?;
-        let error = match run.status {
-            RunStatus::Failed => {
-                let (code, message) = error_of(run.error.as_deref().unwrap_or_default());
-                Some(json!({ "code": code, "message": message }))
-            }
-            RunStatus::Cancelled => Some(json!({ "code": "AUTOMATION_CANCELLED", "message": run.error })),
-            _ => None,
-        };
         Some(AutomationSummary {
             id: run.id,
             status: run.status,

@@ -93,11 +93,7 @@ impl AutomationView {
         log: &EventLog,
         calls: Vec<RoundCall>,
     ) -> AutomationView {
-        let error = match run.status {
-            RunStatus::Failed => Some(error_json(run.error.as_deref().unwrap_or_default())),
-            RunStatus::Cancelled => Some(json!({ "code": "AUTOMATION_CANCELLED", "message": run.error })),
-            _ => None,
-        };
+        let error = run_error(&run);
         AutomationView {
             id: run.id,
             tenant: input.tenant,
@@ -149,9 +145,16 @@ pub(crate) fn error_of(error: &str) -> (String, String) {
     }
 }
 
-fn error_json(error: &str) -> Value {
-    let (code, message) = error_of(error);
-    json!({ "code": code, "message": message })
+/// `{code, message}` of an automation run that failed or was cancelled.
+pub(crate) fn run_error(run: &RunInfo) -> Option<Value> {
+    match run.status {
+        RunStatus::Failed => {
+            let (code, message) = error_of(run.error.as_deref().unwrap_or_default());
+            Some(json!({ "code": code, "message": message }))
+        }
+        RunStatus::Cancelled => Some(json!({ "code": "AUTOMATION_CANCELLED", "message": run.error })),
+        _ => None,
+    }
 }
 
 /// The automation's stream, summarized.

@@ -343,6 +343,30 @@ pub struct Client {
 }
 
 impl Client {
+    /// Submits `source` (`POST /v1/automations`, which must answer 202); the automation's id.
+    #[allow(dead_code)] // Not every test binary that includes this module needs it.
+    pub async fn submit(&self, source: &str) -> String {
+        let response = self.post("/v1/automations", &serde_json::json!({ "source": source })).await;
+        assert_eq!(response.status, 202, "submit: {}", response.text());
+        response.json()["id"].as_str().expect("an id").to_owned()
+    }
+
+    /// `GET path` (which must answer 200) until `done` holds for its JSON, within [`WAIT`].
+    #[allow(dead_code)] // Not every test binary that includes this module needs it.
+    pub async fn poll(&self, path: &str, done: impl Fn(&Value) -> bool) -> Value {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let response = self.get(path).await;
+            assert_eq!(response.status, 200, "{path}: {}", response.text());
+            let value = response.json();
+            if done(&value) {
+                return value;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "{path} never got there: {value}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
     /// `GET path`.
     pub async fn get(&self, path: &str) -> Response {
         self.request("GET", path, None).await
