@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::{Backend, Client, Server, TempDir, WAIT};
+use support::{Backend, Client, Server, TempDir};
 
 /// Reads an order, then asks to refund part of it: it waits for approval.
 const REFUND: &str = "const o = await orders.get('A-1002'); return await orders.refund(o.id, 1500);";
