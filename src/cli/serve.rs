@@ -6,7 +6,7 @@ use clap::Args;
 use resumable::RunnerConfig;
 use resumable::config::{ConfigFile, ServeConfig};
 use resumable::runner::process::ProcessConfig;
-use resumable::server::{ApiKeys, ServerConfig, load_keys, migrate, serve, shutdown_signal};
+use resumable::server::{ApiKeys, ConnectionLimits, ServerConfig, load_keys, migrate, serve, shutdown_signal};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -82,8 +82,27 @@ pub struct ServeArgs {
     #[arg(long, env = "RESUMABLE_SECURE_COOKIES")]
     secure_cookies: bool,
 
+    /// HTTP connections open at once; past it, new ones wait to be accepted [default: 1024].
+    #[arg(long, value_name = "N", env = "RESUMABLE_MAX_CONNECTIONS", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_connections: Option<u32>,
+
+    /// Seconds a connection may take to send a request's headers before it is closed [default: 10].
+    #[arg(long, value_name = "SECONDS", env = "RESUMABLE_HEADER_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(1..=3600))]
+    header_timeout_secs: Option<u64>,
+
     #[command(flatten)]
     log: LogArgs,
+}
+
+/// The connection limits the flags or the file set, the defaults elsewhere.
+fn connection_limits(max_connections: Option<usize>, header_timeout: Option<std::time::Duration>) -> ConnectionLimits {
+    let defaults = ConnectionLimits::default();
+    ConnectionLimits {
+        max_connections: max_connections.unwrap_or(defaults.max_connections).max(1),
+        header_read_timeout: header_timeout
+            .unwrap_or(defaults.header_read_timeout)
+            .max(std::time::Duration::from_secs(1)),
+    }
 }
 
 /// Arguments of `resumable config check`.
@@ -206,6 +225,10 @@ pub fn execute_serve(args: ServeArgs) -> ExitCode {
         webhooks,
         public_url: settings.public_url.map(|url| url.0),
         reload_from,
+        connections: connection_limits(
+            args.max_connections.map(|n| n as usize).or(settings.max_connections),
+            args.header_timeout_secs.map(std::time::Duration::from_secs).or(settings.header_timeout.map(|t| t.0)),
+        ),
     };
     let rt = match runtime() {
         Ok(rt) => rt,

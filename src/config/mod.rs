@@ -63,6 +63,10 @@ pub struct ConfigFile {
     pub allow_unconfined: Option<bool>,
     /// Mark the inbox's session cookie `Secure`.
     pub secure_cookies: Option<bool>,
+    /// HTTP connections open at once.
+    pub max_connections: Option<usize>,
+    /// How long a connection may take to send a request's headers (`"10s"`).
+    pub header_timeout: Option<Seconds>,
     /// The API keys.
     #[serde(default)]
     pub keys: Vec<toml::Spanned<KeyConfig>>,

@@ -7,6 +7,7 @@
 mod audit;
 mod auth;
 mod body;
+mod connections;
 mod demo_app;
 mod error;
 mod feed;
@@ -32,6 +33,7 @@ use resumable_runner::RunnerConfig;
 use tokio::sync::watch;
 
 pub use auth::{ApiKeyConfig, ApiKeyEntry, ApiKeys, ApiKeysConfig, Caller, KEY_ID_HEX_DIGITS, KeysError, Role, key_id};
+pub use connections::ConnectionLimits;
 pub use demo_app::DemoApp;
 pub use error::ApiError;
 pub use inbox::InboxSettings;
@@ -158,6 +160,9 @@ pub struct ServerConfig {
     pub webhooks: Vec<WebhookSpec>,
     /// The address people reach the inbox at, for the links of webhook deliveries.
     pub public_url: Option<reqwest::Url>,
+    /// How many connections the server keeps open at once, and how long a request's headers may
+    /// take to arrive.
+    pub connections: ConnectionLimits,
     /// The configuration file to read again on SIGHUP, with the keys that do not come from it
     /// (`keys` holds both): a reload replaces the file's keys and every function.
     pub reload_from: Option<(PathBuf, ApiKeys)>,
@@ -289,10 +294,7 @@ pub async fn serve(
         // Live event streams end now, so the requests in flight can finish.
         let _ = stop.send(true);
     };
-    axum::serve(listener, router(state).into_make_service_with_connect_info::<SocketAddr>())
-        .with_graceful_shutdown(shutdown)
-        .await
-        .map_err(ServerError::Serve)?;
+    connections::serve(listener, router(state), config.connections, shutdown).await.map_err(ServerError::Serve)?;
     tracing::info!("shutting down: handing running automations back");
     service.automations.engine().shutdown().await;
     Ok(())
