@@ -67,3 +67,43 @@ async fn past_the_connection_limit_a_new_connection_waits_for_one_to_close() {
     let (got, _) = read_until_closed(&mut third, Duration::from_secs(10)).await;
     assert!(String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"), "{:?}", String::from_utf8_lossy(&got));
 }
+
+/// Two keys of acme and one of globex, for the stream caps.
+const KEYS: &str = r#"{"keys":[{"key":"globex-key","actor":"gus","tenant":"globex","roles":["submitter"]}]}"#;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn live_event_streams_are_capped_per_key_and_per_server() {
+    let dir = TempDir::new("stream-caps");
+    let keys = dir.path().join("keys.json");
+    std::fs::write(&keys, KEYS).unwrap();
+    let server =
+        Server::start(&dir, &["--keys", keys.to_str().unwrap(), "--max-streams-per-key", "2", "--max-streams", "3"]);
+    let (acme, globex) = (server.client(Some("demo-acme")), server.client(Some("globex-key")));
+    let id = acme.submit("const o = await orders.get('A-1002'); return await orders.refund(o.id, 1500);").await;
+    let open = |client: &support::Client, path: String| {
+        let client = client.clone();
+        async move { client.stream(&path).await }
+    };
+    let (first, _first_lines) = open(&acme, "/v1/events".to_owned()).await;
+    let (second, _second_lines) = open(&acme, format!("/v1/automations/{id}/events")).await;
+    assert_eq!((first.status, second.status), (200, 200));
+    let refused = acme.get("/v1/events").await;
+    assert_eq!((refused.status, &refused.json()["error"]["code"]), (429, &serde_json::json!("TOO_MANY_STREAMS")));
+    assert!(refused.json()["error"]["message"].as_str().unwrap().contains("GET /v1/events"), "says what to do instead");
+    let (theirs, _their_lines) = open(&globex, "/v1/events".to_owned()).await;
+    assert_eq!(theirs.status, 200, "another key has its own slots");
+    let (full, _) = open(&globex, "/v1/events".to_owned()).await;
+    assert_eq!(full.status, 429, "the server's cap");
+    // A client that leaves gives its slot back.
+    drop((first, _first_lines));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (again, lines) = open(&acme, "/v1/events".to_owned()).await;
+        if again.status == 200 {
+            drop(lines);
+            break;
+        }
+        assert!(Instant::now() < deadline, "the slot never came back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

@@ -6,7 +6,9 @@ use clap::Args;
 use resumable::RunnerConfig;
 use resumable::config::{ConfigFile, ServeConfig};
 use resumable::runner::process::ProcessConfig;
-use resumable::server::{ApiKeys, ConnectionLimits, ServerConfig, load_keys, migrate, serve, shutdown_signal};
+use resumable::server::{
+    ApiKeys, ConnectionLimits, ServerConfig, StreamLimits, load_keys, migrate, serve, shutdown_signal,
+};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -90,8 +92,22 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECONDS", env = "RESUMABLE_HEADER_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(1..=3600))]
     header_timeout_secs: Option<u64>,
 
+    /// Live event streams (NDJSON responses that stay open) the server holds at once [default: 1000].
+    #[arg(long, value_name = "N", env = "RESUMABLE_MAX_STREAMS", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_streams: Option<u32>,
+
+    /// Live event streams one API key holds at once [default: 20].
+    #[arg(long, value_name = "N", env = "RESUMABLE_MAX_STREAMS_PER_KEY", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    max_streams_per_key: Option<u32>,
+
     #[command(flatten)]
     log: LogArgs,
+}
+
+/// The stream caps the flags or the file set, the defaults elsewhere.
+fn stream_limits(total: Option<usize>, per_key: Option<usize>) -> StreamLimits {
+    let defaults = StreamLimits::default();
+    StreamLimits { total: total.unwrap_or(defaults.total).max(1), per_key: per_key.unwrap_or(defaults.per_key).max(1) }
 }
 
 /// The connection limits the flags or the file set, the defaults elsewhere.
@@ -228,6 +244,10 @@ pub fn execute_serve(args: ServeArgs) -> ExitCode {
         connections: connection_limits(
             args.max_connections.map(|n| n as usize).or(settings.max_connections),
             args.header_timeout_secs.map(std::time::Duration::from_secs).or(settings.header_timeout.map(|t| t.0)),
+        ),
+        streams: stream_limits(
+            args.max_streams.map(|n| n as usize).or(settings.max_streams),
+            args.max_streams_per_key.map(|n| n as usize).or(settings.max_streams_per_key),
         ),
     };
     let rt = match runtime() {

@@ -67,6 +67,10 @@ pub struct ConfigFile {
     pub max_connections: Option<usize>,
     /// How long a connection may take to send a request's headers (`"10s"`).
     pub header_timeout: Option<Seconds>,
+    /// Live event streams the server holds at once.
+    pub max_streams: Option<usize>,
+    /// Live event streams one API key holds at once.
+    pub max_streams_per_key: Option<usize>,
     /// The API keys.
     #[serde(default)]
     pub keys: Vec<toml::Spanned<KeyConfig>>,

@@ -55,6 +55,7 @@ pub async fn feed(
             format!("the feed's last cursor is {head}: read from {} or less", head + 1),
         ));
     }
+    let slot = state.streams.take(&caller.key_id)?;
     let feed = state.automations.feed(&caller.tenant, from);
     let lines = stream::unfold(feed, |mut feed| async move {
         let line = match tokio::time::timeout(HEARTBEAT, feed.next()).await {
@@ -64,5 +65,5 @@ pub async fn feed(
         };
         Some((line, feed))
     });
-    Ok(ndjson(lines, state.shutting_down))
+    Ok(ndjson(lines, state.shutting_down, slot))
 }

@@ -19,6 +19,7 @@ mod routes;
 mod secret;
 mod sessions;
 mod start_error;
+mod stream_slots;
 mod throttle;
 
 use std::future::Future;
@@ -41,6 +42,7 @@ pub use metrics::install_metrics;
 pub use routes::MAX_SOURCE_BYTES;
 pub use secret::{SecretError, load_or_create as load_or_create_secret};
 pub use start_error::ServerError;
+pub use stream_slots::{StreamLimits, StreamSlot, StreamSlots};
 pub use throttle::AuthThrottle;
 
 use crate::automation::{Automations, ExpiryPolicies};
@@ -65,6 +67,8 @@ pub struct AppState {
     pub throttle: AuthThrottle,
     /// The demo order system's HTTP application (`--demo`), under `/demo`.
     pub demo: Option<DemoApp>,
+    /// The live event streams open now, within their caps.
+    pub streams: StreamSlots,
 }
 
 impl AppState {
@@ -78,6 +82,7 @@ impl AppState {
             inbox: InboxSettings::ephemeral(),
             throttle: AuthThrottle::default(),
             demo: None,
+            streams: StreamSlots::default(),
         }
     }
 }
@@ -163,6 +168,8 @@ pub struct ServerConfig {
     /// How many connections the server keeps open at once, and how long a request's headers may
     /// take to arrive.
     pub connections: ConnectionLimits,
+    /// How many live event streams the server, and one API key, may hold open at once.
+    pub streams: StreamLimits,
     /// The configuration file to read again on SIGHUP, with the keys that do not come from it
     /// (`keys` holds both): a reload replaces the file's keys and every function.
     pub reload_from: Option<(PathBuf, ApiKeys)>,
@@ -288,6 +295,7 @@ pub async fn serve(
         inbox,
         throttle: AuthThrottle::default(),
         demo,
+        streams: StreamSlots::new(config.streams),
     };
     let shutdown = async move {
         shutdown.await;

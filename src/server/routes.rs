@@ -13,6 +13,7 @@ use super::AppState;
 use super::auth::{Caller, Role};
 use super::body::ApiJson;
 use super::error::ApiError;
+use super::stream_slots::StreamSlot;
 use crate::automation::{Decision, DecisionBatch};
 use resumable_workflow::{RunId, StreamReader};
 use tokio::sync::watch;
@@ -96,27 +97,29 @@ pub async fn events(
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(format!("invalid query: {}", e.body_text())))?;
+    let slot = state.streams.take(&caller.key_id)?;
     let reader = state.automations.events(&caller.tenant, &automation_id(&id)?, query.from).await?;
-    Ok(ndjson_events(reader, state.shutting_down))
+    Ok(ndjson_events(reader, state.shutting_down, slot))
 }
 
 /// A stream's events as an NDJSON response (`{"index", "event"}` per line), live until the run
 /// ends or the server shuts down. A client that disconnects only drops its reader.
-pub(super) fn ndjson_events(reader: StreamReader, shutting_down: watch::Receiver<bool>) -> Response {
+pub(super) fn ndjson_events(reader: StreamReader, shutting_down: watch::Receiver<bool>, slot: StreamSlot) -> Response {
     let lines = stream::unfold(reader, |mut reader| async move {
         let line = reader.next().await?.map(|(index, event)| json!({ "index": index, "event": event }));
         Some((line, reader))
     });
-    ndjson(lines, shutting_down)
+    ndjson(lines, shutting_down, slot)
 }
 
 /// `lines` as an NDJSON response, one JSON value per line, until they end, one fails (logged) or
-/// the server shuts down.
+/// the server shuts down; the stream holds `slot` as long as it is open.
 pub(super) fn ndjson<E: std::fmt::Display>(
     lines: impl futures_util::Stream<Item = Result<Value, E>> + Send + 'static,
     shutting_down: watch::Receiver<bool>,
+    slot: StreamSlot,
 ) -> Response {
-    let lines = stream::unfold((Box::pin(lines), shutting_down), |(mut lines, mut stop)| async move {
+    let lines = stream::unfold((Box::pin(lines), shutting_down, slot), |(mut lines, mut stop, slot)| async move {
         let next = tokio::select! {
             next = lines.next() => next?,
             // A dropped sender (no graceful shutdown) disables this branch.
@@ -126,7 +129,7 @@ pub(super) fn ndjson<E: std::fmt::Display>(
             Ok(value) => {
                 let mut line = value.to_string();
                 line.push('\n');
-                Some((Ok::<_, std::io::Error>(line), (lines, stop)))
+                Some((Ok::<_, std::io::Error>(line), (lines, stop, slot)))
             }
             Err(e) => {
                 tracing::warn!(error = %e, "event stream ended early");

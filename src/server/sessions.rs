@@ -172,6 +172,7 @@ pub async fn events(
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, Failure> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(format!("invalid query: {}", e.body_text())))?;
+    let slot = state.streams.take(&caller.key_id)?;
     let reader = state.automations.sessions().events(&caller.tenant, &session_id(&id)?, query.from).await?;
-    Ok(ndjson_events(reader, state.shutting_down))
+    Ok(ndjson_events(reader, state.shutting_down, slot))
 }

@@ -15,8 +15,11 @@ use crate::ids::RunId;
 const BATCH: u32 = 256;
 
 /// How often a reader looks for events written by other processes (events written through an
-/// engine of this process wake it at once).
-const POLL: Duration = Duration::from_millis(25);
+/// engine of this process wake it at once): every [`POLL_MIN`] after an event arrived, then less
+/// and less often, down to every [`POLL_MAX`], while none does.
+const POLL_MIN: Duration = Duration::from_millis(25);
+/// See [`POLL_MIN`].
+const POLL_MAX: Duration = Duration::from_millis(500);
 
 /// The events of a run's stream from some index on, in order, returned by
 /// [`Engine::read_stream`](crate::Engine::read_stream).
@@ -30,6 +33,7 @@ pub struct StreamReader {
     next_index: u64,
     buffer: VecDeque<(u64, Value)>,
     ended: bool,
+    poll: Duration,
 }
 
 impl fmt::Debug for StreamReader {
@@ -44,7 +48,7 @@ impl fmt::Debug for StreamReader {
 
 impl StreamReader {
     pub(crate) fn new(shared: Arc<Shared>, run_id: RunId, from_index: u64) -> StreamReader {
-        StreamReader { shared, run_id, next_index: from_index, buffer: VecDeque::new(), ended: false }
+        StreamReader { shared, run_id, next_index: from_index, buffer: VecDeque::new(), ended: false, poll: POLL_MIN }
     }
 
     /// The run whose stream this reads.
@@ -84,6 +88,7 @@ impl StreamReader {
             };
             if !events.is_empty() {
                 self.buffer.extend(events);
+                self.poll = POLL_MIN;
                 continue;
             }
             if run.status.is_terminal() {
@@ -92,7 +97,7 @@ impl StreamReader {
             }
             tokio::select! {
                 _ = changed => {}
-                _ = tokio::time::sleep(POLL) => {}
+                _ = tokio::time::sleep(self.poll) => self.poll = (self.poll * 2).min(POLL_MAX),
             }
         }
     }

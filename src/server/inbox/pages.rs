@@ -159,8 +159,9 @@ pub async fn events(
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Response, PageError> {
     let Query(query) = query.map_err(|e| PageError::bad_form(format!("invalid query: {}", e.body_text())))?;
+    let slot = state.streams.take(&session.caller.key_id)?;
     let reader = state.automations.events(&session.caller.tenant, &automation_id(&id)?, query.from).await?;
-    Ok(ndjson_events(reader, state.shutting_down))
+    Ok(ndjson_events(reader, state.shutting_down, slot))
 }
 
 /// `POST /automations/{id}/decide` (with the CSRF token): decides the open round as the form
