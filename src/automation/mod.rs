@@ -20,6 +20,7 @@ mod gauges;
 mod history;
 mod host_calls;
 mod interruption_id;
+mod quotas;
 mod readiness;
 mod round;
 mod tenant_feed;
@@ -41,6 +42,8 @@ pub use expiry::{APPROVAL_EXPIRED, Deadline, EXPIRED_REASON, ExpiryPolicies, Exp
 pub use history::{AutomationSummary, MAX_PAGE as MAX_HISTORY_PAGE, Page};
 pub use host_calls::{CallOutcome, HostCall, MAX_RECORDED_BYTES, MAX_RECORDED_CALLS, RoundCall};
 pub use interruption_id::InterruptionId;
+pub(crate) use quotas::below as quotas_below;
+pub use quotas::{Quotas, TenantQuota};
 pub use readiness::Readiness;
 pub use round::RequestProgress;
 pub use tenant_feed::{Source, TenantEvent, TenantFeed};
@@ -87,6 +90,7 @@ pub struct AutomationsBuilder {
     max_rounds: u32,
     policy_version: String,
     expiry: ExpiryPolicies,
+    quotas: Quotas,
     webhooks: Option<Webhooks>,
 }
 
@@ -101,6 +105,13 @@ impl AutomationsBuilder {
     /// its approval policy (see [`crate::connector`]).
     pub fn connectors(mut self, connectors: Connectors) -> Self {
         self.connectors = Some(connectors);
+        self
+    }
+
+    /// Each tenant's quotas (none by default). Keep a clone to change them later with
+    /// [`Quotas::replace_with`].
+    pub fn quotas(mut self, quotas: Quotas) -> Self {
+        self.quotas = quotas;
         self
     }
 
@@ -216,7 +227,14 @@ impl AutomationsBuilder {
         }
         let engine = builder.build();
         let _ = workflow_deps.engine.set(engine.downgrade());
-        let sessions = Sessions::new(engine.clone(), tokens.clone(), state, self.policy_version.clone(), audit.clone());
+        let sessions = Sessions::new(
+            engine.clone(),
+            tokens.clone(),
+            state,
+            self.policy_version.clone(),
+            audit.clone(),
+            self.quotas.clone(),
+        );
         Ok(Automations {
             engine,
             tokens,
@@ -229,6 +247,7 @@ impl AutomationsBuilder {
             audit,
             runner,
             db: self.db,
+            quotas: self.quotas,
         })
     }
 }
@@ -247,6 +266,7 @@ pub struct Automations {
     audit: Audit,
     runner: Runner,
     db: AppDb,
+    quotas: Quotas,
 }
 
 impl Automations {
@@ -265,6 +285,7 @@ impl Automations {
             max_rounds: 100,
             policy_version: DEFAULT_POLICY_VERSION.to_owned(),
             expiry: ExpiryPolicies::default(),
+            quotas: Quotas::default(),
             webhooks: None,
         }
     }
@@ -313,6 +334,13 @@ impl Automations {
         submitted_by: impl Into<Actor>,
         idempotency_key: Option<String>,
     ) -> Result<RunId, AutomationError> {
+        if let Some(max) = self.quotas.of(tenant).max_automations
+            && let Err(live) = quotas::below(&self.engine, tenant, WORKFLOW, max).await?
+        {
+            return Err(AutomationError::QuotaExceeded(format!(
+                "tenant {tenant} has {live} automations under way, its quota is {max}: retry when some have ended"
+            )));
+        }
         let by = submitted_by.into();
         let input = AutomationInput {
             tenant: tenant.to_owned(),

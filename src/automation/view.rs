@@ -272,6 +272,8 @@ pub enum AutomationError {
     Internal(String),
     /// The act was done, but its audit entry could not be written (`AUDIT_UNAVAILABLE`).
     Audit(String),
+    /// The tenant has as many automations under way as its quota allows (`QUOTA_EXCEEDED`).
+    QuotaExceeded(String),
 }
 
 impl fmt::Display for AutomationError {
@@ -293,6 +295,7 @@ impl fmt::Display for AutomationError {
             AutomationError::Config(m) => write!(f, "configuration error: {m}"),
             AutomationError::Internal(m) => write!(f, "internal error: {m}"),
             AutomationError::Audit(m) => write!(f, "done, but not recorded in the audit log: {m}"),
+            AutomationError::QuotaExceeded(m) => f.write_str(m),
         }
     }
 }

@@ -213,6 +213,7 @@ pub fn execute_serve(args: ServeArgs) -> ExitCode {
         Err(message) => return refuse(&message),
     };
     let expiry = file.as_ref().map(ServeConfig::expiry_policies).unwrap_or_default();
+    let quotas = file.as_ref().map(ServeConfig::quotas).unwrap_or_default();
     let (settings, file_keys, functions, webhooks) = match file {
         Some(ServeConfig { file, keys, functions, webhooks }) => (file, keys, functions, webhooks),
         None => (ConfigFile::default(), ApiKeys::default(), Vec::new(), Vec::new()),
@@ -238,6 +239,7 @@ pub fn execute_serve(args: ServeArgs) -> ExitCode {
         secure_cookies: args.secure_cookies || settings.secure_cookies.unwrap_or(false),
         functions,
         expiry,
+        quotas,
         webhooks,
         public_url: settings.public_url.map(|url| url.0),
         reload_from,

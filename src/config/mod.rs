@@ -194,6 +194,11 @@ impl ServeConfig {
         crate::automation::ExpiryPolicies::new(functions, tenants)
     }
 
+    /// Each tenant's quotas.
+    pub fn quotas(&self) -> crate::automation::Quotas {
+        crate::automation::Quotas::new(self.file.tenants.iter().map(|(name, t)| (name.clone(), t.quota())).collect())
+    }
+
     /// Whether a key, a connector secret or a database password is written in the file itself.
     fn holds_clear_secrets(&self) -> bool {
         // A URL that does not parse, or names a password anywhere, counts as a secret.

@@ -107,6 +107,9 @@ impl From<AutomationError> for ApiError {
             AutomationError::Config(_) | AutomationError::Internal(_) => ApiError::internal(message),
             // The cause is in the log; the caller learns that the act stands.
             AutomationError::Audit(_) => ApiError::audit_unavailable(),
+            AutomationError::QuotaExceeded(_) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "QUOTA_EXCEEDED", message)
+            }
         }
     }
 }

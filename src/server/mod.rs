@@ -45,7 +45,7 @@ pub use start_error::ServerError;
 pub use stream_slots::{StreamLimits, StreamSlot, StreamSlots};
 pub use throttle::AuthThrottle;
 
-use crate::automation::{Automations, ExpiryPolicies};
+use crate::automation::{Automations, ExpiryPolicies, Quotas};
 use crate::config::{FunctionName, ServeConfig, WebhookSpec};
 use crate::connector::{Connectors, FunctionSpec};
 use crate::db::AppDb;
@@ -161,6 +161,8 @@ pub struct ServerConfig {
     pub functions: Vec<FunctionSpec>,
     /// When requests expire and their approvers are reminded.
     pub expiry: ExpiryPolicies,
+    /// Each tenant's quotas.
+    pub quotas: Quotas,
     /// The webhook subscriptions (from the configuration file).
     pub webhooks: Vec<WebhookSpec>,
     /// The address people reach the inbox at, for the links of webhook deliveries.
@@ -193,6 +195,8 @@ pub struct Integrations {
     pub expiry: ExpiryPolicies,
     /// Where events are delivered.
     pub webhooks: Webhooks,
+    /// Each tenant's quotas.
+    pub quotas: Quotas,
 }
 
 /// Opens the database (migrating it), the order system and the automation service.
@@ -216,6 +220,7 @@ pub async fn open_service(
         .host(move |tenant| host.host_functions(tenant))
         .connectors(integrations.connectors)
         .expiry(integrations.expiry)
+        .quotas(integrations.quotas)
         .webhooks(integrations.webhooks)
         .runner(runner)
         .concurrency(workers)
@@ -255,7 +260,7 @@ pub async fn serve(
     let functions = config.functions.into_iter().chain(demo_functions.clone()).collect();
     let connectors = Connectors::with_predicate_runner(functions, config.runner.clone())?;
     let webhooks = Webhooks::new(config.webhooks, config.public_url).map_err(ServerError::HttpClient)?;
-    let integrations = Integrations { connectors, expiry: config.expiry, webhooks };
+    let integrations = Integrations { connectors, expiry: config.expiry, webhooks, quotas: config.quotas };
     let service = open_service(
         &config.db_url,
         &secret,
@@ -383,6 +388,7 @@ impl Reload {
             return Err(format!("the file defines {name}, which --demo defines too"));
         }
         let expiry = config.expiry_policies();
+        let quotas = config.quotas();
         let webhooks =
             Webhooks::new(config.webhooks, config.file.public_url.map(|u| u.0)).map_err(|e| e.to_string())?;
         let functions: Vec<FunctionSpec> =
@@ -398,6 +404,7 @@ impl Reload {
         self.keys.replace_with(&keys);
         self.integrations.connectors.install(connectors);
         self.integrations.expiry.replace_with(&expiry);
+        self.integrations.quotas.replace_with(&quotas);
         self.integrations.webhooks.replace_with(&webhooks);
         Ok(count)
     }

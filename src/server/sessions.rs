@@ -72,6 +72,9 @@ impl IntoResponse for Failure {
             SessionError::Invalid(_) => ApiError::bad_request(message).into_response(),
             SessionError::NotRunning => ApiError::new(StatusCode::CONFLICT, "NOT_RUNNING", message).into_response(),
             SessionError::Full(_) => ApiError::new(StatusCode::CONFLICT, "SESSION_FULL", message).into_response(),
+            SessionError::QuotaExceeded(_) => {
+                ApiError::new(StatusCode::TOO_MANY_REQUESTS, "QUOTA_EXCEEDED", message).into_response()
+            }
             SessionError::Internal(_) => ApiError::internal(message).into_response(),
             // The cause is in the log; the caller learns that the act stands.
             SessionError::Audit(_) => ApiError::audit_unavailable().into_response(),

@@ -32,6 +32,7 @@ pub(crate) use workflow::{Deps, run_session};
 
 use crate::audit::{Actor, Audit, AuditEntry};
 use crate::automation::HookTokens;
+use crate::automation::{Quotas, quotas_below as below};
 
 /// The events read per page when a session's history is summarized.
 const PAGE: u32 = 1_000;
@@ -106,6 +107,8 @@ pub enum SessionError {
     Internal(String),
     /// The act was done, but its audit entry could not be written (`AUDIT_UNAVAILABLE`).
     Audit(String),
+    /// The tenant has as many live sessions as its quota allows (`QUOTA_EXCEEDED`).
+    QuotaExceeded(String),
 }
 
 impl fmt::Display for SessionError {
@@ -113,7 +116,9 @@ impl fmt::Display for SessionError {
         match self {
             SessionError::Gone { id, status: "unknown" } => write!(f, "there is no session {id}"),
             SessionError::Gone { id, status } => write!(f, "session {id} has ended ({status})"),
-            SessionError::Invalid(message) | SessionError::Full(message) => f.write_str(message),
+            SessionError::Invalid(message) | SessionError::Full(message) | SessionError::QuotaExceeded(message) => {
+                f.write_str(message)
+            }
             SessionError::NotRunning => f.write_str("no command of this session is running"),
             SessionError::Internal(message) => write!(f, "internal error: {message}"),
             SessionError::Audit(message) => write!(f, "done, but not recorded in the audit log: {message}"),
@@ -165,6 +170,7 @@ pub struct Sessions {
     state: SessionState,
     policy_version: String,
     audit: Audit,
+    quotas: Quotas,
 }
 
 impl Sessions {
@@ -174,8 +180,9 @@ impl Sessions {
         state: SessionState,
         policy_version: String,
         audit: Audit,
+        quotas: Quotas,
     ) -> Sessions {
-        Sessions { engine, tokens, state, policy_version, audit }
+        Sessions { engine, tokens, state, policy_version, audit, quotas }
     }
 
     /// Appends `entry` to the audit log of `tenant`, after the act it records succeeded.
@@ -208,6 +215,13 @@ impl Sessions {
         options: SessionOptions,
     ) -> Result<RunId, SessionError> {
         options.validate()?;
+        if let Some(max) = self.quotas.of(tenant).max_sessions
+            && let Err(live) = below(&self.engine, tenant, WORKFLOW, max).await?
+        {
+            return Err(SessionError::QuotaExceeded(format!(
+                "tenant {tenant} has {live} live sessions, its quota is {max}: destroy one first"
+            )));
+        }
         let by = actor.into();
         let input = SessionInput {
             tenant: tenant.to_owned(),
