@@ -117,6 +117,10 @@ async fn the_admin_commands_list_show_decide_cancel_and_destroy_on_a_live_server
     let (status, sneaky) =
         answer(&resumable(&["automations", "show", "../approvals", "--server", &url], Some("demo-acme")));
     assert_eq!((status, &sneaky["error"]["code"]), (1, &json!("NOT_FOUND")), "{sneaky}");
+    for id in ["..", ".", ""] {
+        let dots = resumable(&["automations", "cancel", id, "--server", &url], Some("demo-acme"));
+        assert_eq!(dots.status.code(), Some(2), "{id:?} is refused before any request: {dots:?}");
+    }
 }
 
 #[test]
@@ -154,6 +158,17 @@ fn run_prints_a_token_that_resume_continues_signed_or_sealed() {
                 None,
             )
         };
+        // The token from stdin, out of the process list.
+        let mut piped = Command::new(env!("CARGO_BIN_EXE_resumable"))
+            .args(["resume", "-", script, "--demo", "--secret-file", secret, "--decision", &format!("{id}=true")])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        std::io::Write::write_all(&mut piped.stdin.take().unwrap(), token.as_bytes()).unwrap();
+        let (status, from_stdin) = answer(&piped.wait_with_output().unwrap());
+        assert_eq!((status, &from_stdin["value"]["refunded"]), (0, &json!(1500)), "{from_stdin}");
         let (status, done) = answer(&resume(&format!("{id}=true"), secret));
         assert_eq!((status, &done["status"]), (0, &json!("completed")), "{done}");
         assert_eq!(done["value"]["refunded"], 1500, "{done}");

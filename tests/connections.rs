@@ -107,3 +107,32 @@ async fn live_event_streams_are_capped_per_key_and_per_server() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_body_sent_a_byte_at_a_time_ends_the_request() {
+    let dir = TempDir::new("body-timeout");
+    let server = Server::start(&dir, &["--header-timeout-secs", "1"]);
+    let mut slow = connect(&server).await;
+    slow.write_all(b"POST /login HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/x-www-form-urlencoded\r\nContent-Length: 100\r\n\r\nkey=").await.unwrap();
+    let started = Instant::now();
+    let mut got = Vec::new();
+    let mut closed = false;
+    // One more byte every half second: never idle long enough for a read timeout.
+    for _ in 0..20 {
+        if slow.write_all(b"a").await.is_err() {
+            closed = true;
+            break;
+        }
+        let (more, ended) = read_until_closed(&mut slow, Duration::from_millis(500)).await;
+        got.extend(more);
+        if ended || !got.is_empty() {
+            closed = true;
+            break;
+        }
+    }
+    let waited = started.elapsed();
+    assert!(closed, "the request is still open after {waited:?}");
+    assert!(waited < Duration::from_secs(8), "ended after {waited:?}, not about 3 s");
+    let text = String::from_utf8_lossy(&got);
+    assert!(text.is_empty() || text.starts_with("HTTP/1.1 408"), "{text}");
+}

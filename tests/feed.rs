@@ -185,7 +185,8 @@ on_both_backends! {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_idle_feed_sends_heartbeats_with_the_next_cursor() {
     let dir = TempDir::new("feed-heartbeat");
-    let server = Server::start(&dir, &[]);
+    // Requests time out after 6 s, a stream's body does not.
+    let server = Server::start(&dir, &["--header-timeout-secs", "2"]);
     let acme = server.client(Some("demo-acme"));
     let id = acme.submit("return 1").await;
     let mut all = feed(&acme, None).await;

@@ -127,5 +127,11 @@ on_both_backends! {
             let response = server.client(Some("auditor-key")).get(path).await;
             assert_eq!((response.status, &response.json()["error"]["code"]), (403, &json!("FORBIDDEN")));
         }
+        // An auditor reads an automation's status, not its script or its host calls.
+        let audited = server.client(Some("auditor-key")).get(&format!("/v1/automations/{}", submitted[2])).await.json();
+        assert_eq!((&audited["source"], &audited["calls"], &audited["status"]), (&Value::Null, &Value::Null, &json!("waiting")));
+        let full = list(&acme, &format!("/v1/automations/{}", submitted[2])).await;
+        assert_eq!(full["source"], REFUND);
+        assert_eq!(full["calls"][0]["function"], "orders.get");
     }
 }

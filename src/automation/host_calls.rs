@@ -79,6 +79,19 @@ fn recorded(value: &Value) -> Value {
     json!({ "truncated": true, "bytes": text.len(), "preview": &text[..end] })
 }
 
+/// `text`, cut at [`MAX_RECORDED_BYTES`] (on a character boundary, with `…`).
+fn capped(mut text: String) -> String {
+    if text.len() > MAX_RECORDED_BYTES {
+        let mut end = MAX_RECORDED_BYTES;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+        text.push('…');
+    }
+    text
+}
+
 /// The calls of one round, as they end (host calls may run concurrently).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct CallLog(Arc<Mutex<Vec<HostCall>>>);
@@ -101,7 +114,7 @@ impl CallLog {
         let (outcome, result, error) = match result {
             Ok(value) => (CallOutcome::Ok, Some(recorded(value)), None),
             Err(HostError::Interrupt(_)) => (CallOutcome::Interrupted, None, None),
-            Err(e) => (CallOutcome::Error, None, Some(e.to_string())),
+            Err(e) => (CallOutcome::Error, None, Some(capped(e.to_string()))),
         };
         log.push(HostCall {
             function: function.to_owned(),

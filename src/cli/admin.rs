@@ -158,6 +158,10 @@ impl<'a> Call<'a> {
 
     /// Sends it and prints the answer; the exit status.
     fn run(self) -> ExitCode {
+        // URL paths drop `.` and `..` segments: such an id would call another endpoint.
+        if let Some(bad) = self.path.iter().find(|s| s.is_empty() || **s == "." || **s == "..") {
+            return usage_error(format_args!("{bad:?} is not an id"));
+        }
         let Ok(key) = std::env::var(API_KEY_ENV) else {
             return usage_error(format_args!("no API key: set {API_KEY_ENV}"));
         };

@@ -88,8 +88,8 @@ pub struct RunArgs {
     demo: bool,
 
     /// Sign the continuation of an interrupted run with the secret in this file (its whole
-    /// content, a trailing newline removed; or RESUMABLE_SECRET) and print it, so that
-    /// `resumable resume` can continue the run.
+    /// content, a trailing newline removed) and print it, so that `resumable resume` can
+    /// continue the run.
     #[arg(long, value_name = "PATH")]
     secret_file: Option<PathBuf>,
 
@@ -102,7 +102,8 @@ pub struct RunArgs {
 #[derive(Debug, Args)]
 #[command(after_help = RESUME_AFTER_HELP)]
 pub struct ResumeArgs {
-    /// The continuation token an interrupted `resumable run` printed.
+    /// The continuation token an interrupted `resumable run` printed; `-` reads it from stdin
+    /// (keeping it out of the process list).
     #[arg(value_name = "TOKEN")]
     token: String,
 
@@ -142,7 +143,8 @@ Resumes a run that `resumable run --secret-file PATH` left interrupted: the call
 from the continuation's ledger, and each interrupted call runs again with its decision,
 {\"approved\", \"reason\", \"decidedBy\": [NAME]}. Prints the same JSON line as `run` (with the
 next token, if the resumed run asks again). A signed token proves it came from a holder of the
-secret; a sealed one also hides what it holds.
+secret; a sealed one also hides what it holds. Neither is single-use: whoever holds the token and
+the secret can resume it again, so keep both private (TOKEN `-` reads it from stdin).
 
 Example:
   resumable run --demo --secret-file s refund.js          # exit 3, prints \"continuation\":\"…\"
@@ -191,7 +193,18 @@ pub fn resume(args: ResumeArgs) -> ExitCode {
         Ok(source) => source,
         Err(err) => return usage_error(format_args!("cannot read the script {}: {err}", args.file.display())),
     };
-    let token = args.token.trim().to_owned();
+    let token = if args.token == "-" {
+        let mut token = String::new();
+        if let Err(err) = std::io::stdin().read_to_string(&mut token) {
+            return usage_error(format_args!("cannot read the token from stdin: {err}"));
+        }
+        token.trim().to_owned()
+    } else {
+        args.token.trim().to_owned()
+    };
+    if args.file == Path::new("-") && args.token == "-" {
+        return usage_error("the token and the script cannot both come from stdin");
+    }
     // A signed token has three parts (header.state.mac), a sealed one two (header.sealed).
     let codec = match codec_from(args.secret_file.as_deref(), token.split('.').count() == 2) {
         Ok(codec) => codec,

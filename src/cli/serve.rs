@@ -92,7 +92,7 @@ pub struct ServeArgs {
     #[arg(long, value_name = "SECONDS", env = "RESUMABLE_HEADER_TIMEOUT_SECS", value_parser = clap::value_parser!(u64).range(1..=3600))]
     header_timeout_secs: Option<u64>,
 
-    /// Live event streams (NDJSON responses that stay open) the server holds at once [default: 1000].
+    /// Live event streams (NDJSON responses that stay open) the server holds at once [default: 500].
     #[arg(long, value_name = "N", env = "RESUMABLE_MAX_STREAMS", value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
     max_streams: Option<u32>,
 
@@ -107,17 +107,20 @@ pub struct ServeArgs {
 /// The stream caps the flags or the file set, the defaults elsewhere.
 fn stream_limits(total: Option<usize>, per_key: Option<usize>) -> StreamLimits {
     let defaults = StreamLimits::default();
-    StreamLimits { total: total.unwrap_or(defaults.total).max(1), per_key: per_key.unwrap_or(defaults.per_key).max(1) }
+    StreamLimits {
+        total: total.unwrap_or(defaults.total).clamp(1, 1_000_000),
+        per_key: per_key.unwrap_or(defaults.per_key).clamp(1, 1_000_000),
+    }
 }
 
 /// The connection limits the flags or the file set, the defaults elsewhere.
 fn connection_limits(max_connections: Option<usize>, header_timeout: Option<std::time::Duration>) -> ConnectionLimits {
     let defaults = ConnectionLimits::default();
     ConnectionLimits {
-        max_connections: max_connections.unwrap_or(defaults.max_connections).max(1),
+        max_connections: max_connections.unwrap_or(defaults.max_connections).clamp(1, 1_000_000),
         header_read_timeout: header_timeout
             .unwrap_or(defaults.header_read_timeout)
-            .max(std::time::Duration::from_secs(1)),
+            .clamp(std::time::Duration::from_secs(1), std::time::Duration::from_secs(3600)),
     }
 }
 

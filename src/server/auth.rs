@@ -143,9 +143,20 @@ impl Caller {
         }
     }
 
+    /// Whether the caller has one of `roles`.
+    pub fn has_any(&self, roles: &[Role]) -> bool {
+        roles.iter().any(|role| self.roles.contains(role))
+    }
+
+    /// Whether the caller reads automations' contents: their scripts, host calls and events
+    /// (the submitter and the approver roles do; an auditor does not).
+    pub fn reads_automations(&self) -> bool {
+        self.has_any(&[Role::SUBMITTER, Role::APPROVER])
+    }
+
     /// Fails with 403 unless the caller has one of `roles`.
     pub fn require_any(&self, roles: &[Role]) -> Result<(), ApiError> {
-        if roles.iter().any(|role| self.roles.contains(role)) {
+        if self.has_any(roles) {
             Ok(())
         } else {
             let names: Vec<&str> = roles.iter().map(Role::as_str).collect();

@@ -11,6 +11,7 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::ConnectInfo;
+use axum::http::StatusCode;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -25,8 +26,18 @@ pub struct ConnectionLimits {
     /// Connections open at once; past it, new ones wait to be accepted.
     pub max_connections: usize,
     /// How long a connection may take to send a request's headers (the first one's from when it
-    /// opened, a later one's from when the one before was answered).
+    /// opened, a later one's from when the one before was answered). A request's body may take
+    /// three times as long ([`ConnectionLimits::body_timeout`]).
     pub header_read_timeout: Duration,
+}
+
+impl ConnectionLimits {
+    /// How long a request may take from its headers to its response's head, its body read and
+    /// handled: then it ends (408), so a client that sends a body a byte at a time cannot hold a
+    /// connection.
+    pub fn body_timeout(&self) -> Duration {
+        self.header_read_timeout.saturating_mul(3)
+    }
 }
 
 impl Default for ConnectionLimits {
@@ -43,6 +54,11 @@ pub(super) async fn serve(
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
+    // The time to the response's head: reading the request's body and handling it. An event
+    // stream's head comes at once; its body may then stream for as long as it lasts.
+    let timeout =
+        tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, limits.body_timeout());
+    let app = app.layer(timeout);
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -60,7 +76,7 @@ pub(super) async fn serve(
                 // Out of file descriptors, say: wait a moment rather than spin.
                 Err(e) => {
                     tracing::warn!(error = %e, "cannot accept a connection");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
                     continue;
                 }
             },

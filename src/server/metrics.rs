@@ -59,13 +59,19 @@ pub fn install_metrics() -> bool {
                     // Histograms keep their samples until an upkeep folds them in: without one, a
                     // server nobody scrapes would grow without bound.
                     let upkeep = handle.clone();
-                    tokio::spawn(async move {
-                        let mut every = tokio::time::interval(UPKEEP);
-                        loop {
-                            every.tick().await;
-                            upkeep.run_upkeep();
+                    match tokio::runtime::Handle::try_current() {
+                        Ok(runtime) => {
+                            runtime.spawn(async move {
+                                let mut every = tokio::time::interval(UPKEEP);
+                                loop {
+                                    every.tick().await;
+                                    upkeep.run_upkeep();
+                                }
+                            });
                         }
-                    });
+                        // Outside a runtime, scrapes fold the samples in (each render does).
+                        Err(_) => tracing::warn!("no Tokio runtime: histogram samples wait for the next scrape"),
+                    }
                     Some(handle)
                 }
                 Err(e) => {

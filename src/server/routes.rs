@@ -79,14 +79,20 @@ pub async fn submit(
     Ok((StatusCode::ACCEPTED, Json(json!({ "id": id }))).into_response())
 }
 
-/// One automation.
+/// One automation; its `source` and `calls` only for a caller that reads automations' contents
+/// (`null` for an auditor, say).
 pub async fn get(
     State(state): State<AppState>,
     caller: Caller,
     Path(id): Path<String>,
 ) -> Result<Json<Value>, ApiError> {
     let view = state.automations.get(&caller.tenant, &automation_id(&id)?).await?;
-    Ok(Json(view.to_json()))
+    let mut json = view.to_json();
+    if !caller.reads_automations() {
+        json["source"] = Value::Null;
+        json["calls"] = Value::Null;
+    }
+    Ok(Json(json))
 }
 
 /// The automation's events as NDJSON (`{"index", "event"}` per line), live until it ends.
@@ -97,8 +103,9 @@ pub async fn events(
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(format!("invalid query: {}", e.body_text())))?;
+    let id = automation_id(&id)?;
     let slot = state.streams.take(&caller.key_id)?;
-    let reader = state.automations.events(&caller.tenant, &automation_id(&id)?, query.from).await?;
+    let reader = state.automations.events(&caller.tenant, &id, query.from).await?;
     Ok(ndjson_events(reader, state.shutting_down, slot))
 }
 

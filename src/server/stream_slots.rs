@@ -21,7 +21,8 @@ pub struct StreamLimits {
 
 impl Default for StreamLimits {
     fn default() -> StreamLimits {
-        StreamLimits { total: 1000, per_key: 20 }
+        // Half the default connection cap: streams leave room for every other request.
+        StreamLimits { total: 500, per_key: 20 }
     }
 }
 

@@ -151,7 +151,9 @@ pub fn render(viewer: Viewer<'_>, view: &AutomationView) -> Html {
         html!(main, "</section>\n");
     }
     html!(main, "{}", outcome(view));
-    html!(main, "{}", script_and_calls(view));
+    if viewer.caller.reads_automations() {
+        html!(main, "{}", script_and_calls(view));
+    }
     if !view.history.is_empty() {
         html!(main, "<h2>Requests and decisions</h2>\n");
         for record in &view.history {

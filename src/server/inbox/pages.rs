@@ -97,6 +97,7 @@ pub async fn history(
     session: Session,
     query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Result<Response, PageError> {
+    session.caller.require_any(&[Role::SUBMITTER, Role::APPROVER])?;
     let Query(query) = query.map_err(|e| PageError::bad_form(format!("invalid query: {}", e.body_text())))?;
     let page = state.automations.list(&session.caller.tenant, &[], query.cursor()?, PAGE_ROWS).await?;
     let csrf = session.csrf_token(&state.inbox.csrf);
@@ -110,6 +111,7 @@ pub async fn sessions(
     session: Session,
     query: Result<Query<PageQuery>, QueryRejection>,
 ) -> Result<Response, PageError> {
+    session.caller.require_any(&[Role::SUBMITTER, Role::APPROVER])?;
     let Query(query) = query.map_err(|e| PageError::bad_form(format!("invalid query: {}", e.body_text())))?;
     let sessions = state.automations.sessions();
     let page = sessions
@@ -130,6 +132,7 @@ pub async fn session(
     session: Session,
     Path(id): Path<String>,
 ) -> Result<Response, PageError> {
+    session.caller.require_any(&[Role::SUBMITTER, Role::APPROVER])?;
     let not_found = || PageError::from(ApiError::not_found("no such session"));
     let id = run_id(&id).ok_or_else(not_found)?;
     let (view, _live, events) =

@@ -23,10 +23,24 @@ pub(crate) trait Columns {
     fn optional_int(&self, column: &str) -> Result<Option<i64>, StoreError>;
 }
 
-/// The text a JSON value is stored as.
+/// The text a JSON value is stored as. A NUL character (U+0000), which PostgreSQL's `jsonb`
+/// cannot hold, is stored as U+FFFD on every backend, in strings and keys alike, so that a value
+/// holding one is stored (and read back the same everywhere) instead of failing every write.
 pub(crate) fn to_json(v: &Value) -> String {
     // Serializing a `Value` cannot fail.
-    serde_json::to_string(v).unwrap_or_else(|_| "null".to_owned())
+    let text = serde_json::to_string(v).unwrap_or_else(|_| "null".to_owned());
+    if text.contains("\\u0000") { serde_json::to_string(&without_nul(v)).unwrap_or(text) } else { text }
+}
+
+/// `v` with every U+0000 in its strings and keys replaced by U+FFFD.
+fn without_nul(v: &Value) -> Value {
+    let clean = |s: &str| s.replace('\0', "\u{FFFD}");
+    match v {
+        Value::String(s) => Value::String(clean(s)),
+        Value::Array(items) => Value::Array(items.iter().map(without_nul).collect()),
+        Value::Object(map) => Value::Object(map.iter().map(|(k, v)| (clean(k), without_nul(v))).collect()),
+        other => other.clone(),
+    }
 }
 
 /// A JSON value read back.

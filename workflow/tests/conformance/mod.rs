@@ -59,6 +59,7 @@ macro_rules! conformance_suite {
             a_child_of_an_ended_run_is_refused,
             list_runs_filters_and_pages_newest_first,
             feed_interleaves_its_runs_from_any_cursor_and_follows_live,
+            a_nul_character_is_stored_as_u_fffd_and_the_run_completes,
             eight_concurrent_writers_in_two_feeds_lose_and_duplicate_nothing
         );
     };
@@ -699,4 +700,21 @@ pub async fn shutdown_hands_in_flight_runs_back_at_once(backend: &impl Backend) 
     let run = interrupted_step(backend, 1, RetryPolicy::default()).await;
     assert_eq!(run.output, Some(json!(2)), "attempt 1 was interrupted; attempt 2 completes: {run:?}");
     assert!(begun.elapsed() < Duration::from_secs(10));
+}
+
+pub async fn a_nul_character_is_stored_as_u_fffd_and_the_run_completes(backend: &impl Backend) {
+    let engine = Engine::builder(backend.open("db").await)
+        .register("nul", |ctx: WorkflowContext, _input: Value| async move {
+            let value: Value = ctx.step("nul", |_s| async move { Ok(json!({ "a\u{0}key": "x\u{0}y" })) }).await?;
+            ctx.emit(&json!(["e\u{0}"])).await?;
+            Ok(value)
+        })
+        .build();
+    let id = engine.start("nul", json!("in\u{0}put"), StartOptions::default()).await.unwrap();
+    let run = finished(&engine, &id).await;
+    // PostgreSQL's jsonb cannot hold U+0000: every backend stores U+FFFD, and the run completes.
+    assert_eq!((run.status, run.output), (RunStatus::Completed, Some(json!({ "a\u{FFFD}key": "x\u{FFFD}y" }))));
+    assert_eq!(run.input, json!("in\u{FFFD}put"));
+    let events = engine.read_stream(&id, 0).await.unwrap().collect().await.unwrap();
+    assert_eq!(events, [(0, json!(["e\u{FFFD}"]))]);
 }
