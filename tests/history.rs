@@ -127,6 +127,17 @@ on_both_backends! {
             let response = server.client(Some("auditor-key")).get(path).await;
             assert_eq!((response.status, &response.json()["error"]["code"]), (403, &json!("FORBIDDEN")));
         }
+        for path in [format!("/v1/automations/{}/events", submitted[2]), format!("/v1/sessions/{}/events", sessions[0]), format!("/v1/sessions/{}", sessions[0])] {
+            let response = server.client(Some("auditor-key")).get(&path).await;
+            assert_eq!((response.status, &response.json()["error"]["code"]), (403, &json!("FORBIDDEN")), "{path}");
+        }
+        // A NUL in a keyed submission is kept as U+FFFD, and the repeat is the same submission.
+        let body = json!({ "source": "return automation.context()", "context": { "x": "a\u{0}b" }, "idempotencyKey": "nul" });
+        let (first, again) = (acme.post("/v1/automations", &body).await, acme.post("/v1/automations", &body).await);
+        assert_eq!((first.status, again.status), (202, 202), "{} {}", first.text(), again.text());
+        assert_eq!(first.json()["id"], again.json()["id"]);
+        let nul_key = json!({ "source": "return 1", "idempotencyKey": "a\u{0}" });
+        assert_bad_request(&acme.post("/v1/automations", &nul_key).await);
         // An auditor reads an automation's status, not its script or its host calls.
         let audited = server.client(Some("auditor-key")).get(&format!("/v1/automations/{}", submitted[2])).await.json();
         assert_eq!((&audited["source"], &audited["calls"], &audited["status"]), (&Value::Null, &Value::Null, &json!("waiting")));

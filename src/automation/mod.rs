@@ -353,6 +353,8 @@ impl Automations {
             webhooks: self.webhooks.subscribed(tenant),
         };
         let input = serde_json::to_value(&input).map_err(|e| AutomationError::Internal(e.to_string()))?;
+        // As the store gives it back, so that a repeated submission compares equal to it.
+        let input = resumable_workflow::store::stored_form(&input);
         let keyed = idempotency_key.is_some();
         let entry_key = idempotency_key.clone();
         let options = StartOptions {

@@ -57,7 +57,7 @@ pub(crate) async fn below(
         let filter = RunFilter {
             statuses: vec![RunStatus::Pending, RunStatus::Running, RunStatus::Waiting],
             cursor,
-            limit: Some(RunFilter::MAX_LIMIT),
+            limit: Some(u32::try_from(max - live).unwrap_or(u32::MAX).min(RunFilter::MAX_LIMIT)),
             ..RunFilter::default().feed(tenant).workflow(workflow)
         };
         let page = engine.list_runs(&filter).await?;

@@ -189,6 +189,9 @@ pub fn execute(args: RunArgs) -> ExitCode {
 
 /// Resumes a continuation with decisions and prints the report; see [`ResumeArgs`].
 pub fn resume(args: ResumeArgs) -> ExitCode {
+    if args.file == Path::new("-") && args.token == "-" {
+        return usage_error("the token and the script cannot both come from stdin");
+    }
     let source = match read_script(&args.file) {
         Ok(source) => source,
         Err(err) => return usage_error(format_args!("cannot read the script {}: {err}", args.file.display())),
@@ -202,9 +205,7 @@ pub fn resume(args: ResumeArgs) -> ExitCode {
     } else {
         args.token.trim().to_owned()
     };
-    if args.file == Path::new("-") && args.token == "-" {
-        return usage_error("the token and the script cannot both come from stdin");
-    }
+
     // A signed token has three parts (header.state.mac), a sealed one two (header.sealed).
     let codec = match codec_from(args.secret_file.as_deref(), token.split('.').count() == 2) {
         Ok(codec) => codec,

@@ -10,6 +10,32 @@ use super::error::ApiError;
 /// The largest request body the API reads (a 256 KiB script may grow when JSON-escaped).
 pub const MAX_BODY_BYTES: usize = 1024 * 1024;
 
+/// When a request's body must have arrived whole: set per request by the server's connections
+/// ([`super::ConnectionLimits::body_timeout`] after its headers). Reading a body past it is 408
+/// `REQUEST_TIMEOUT`, so a client that sends a body a byte at a time cannot hold a connection;
+/// once the body is read, the handler runs to its end, however long that takes.
+#[derive(Clone, Copy, Debug)]
+pub struct BodyDeadline(pub tokio::time::Instant);
+
+/// The request's body, within its [`BodyDeadline`] (none when the request has none).
+pub(super) async fn read_body<S: Send + Sync>(req: Request, state: &S) -> Result<Bytes, ApiError> {
+    let deadline = req.extensions().get::<BodyDeadline>().copied();
+    let read = Bytes::from_request(req, state);
+    let read = match deadline {
+        Some(BodyDeadline(at)) => tokio::time::timeout_at(at, read).await.map_err(|_| {
+            ApiError::new(StatusCode::REQUEST_TIMEOUT, "REQUEST_TIMEOUT", "the request body did not arrive in time")
+        })?,
+        None => read.await,
+    };
+    read.map_err(|rejection| {
+        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
+            ApiError::too_large(format!("the request body is larger than {MAX_BODY_BYTES} bytes"))
+        } else {
+            ApiError::bad_request("the request body could not be read")
+        }
+    })
+}
+
 /// A JSON request body of type `T`: malformed JSON, unknown fields and wrong types are 400 with
 /// the parser's message; a body over [`MAX_BODY_BYTES`] is 413.
 #[derive(Debug)]
@@ -40,13 +66,7 @@ impl<S: Send + Sync, T: DeserializeOwned + Default> FromRequest<S> for ApiJsonOr
 
 /// The body decoded as `T`, or `None` when it is empty.
 async fn read_json<S: Send + Sync, T: DeserializeOwned>(req: Request, state: &S) -> Result<Option<T>, ApiError> {
-    let bytes = Bytes::from_request(req, state).await.map_err(|rejection| {
-        if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE {
-            ApiError::too_large(format!("the request body is larger than {MAX_BODY_BYTES} bytes"))
-        } else {
-            ApiError::bad_request("the request body could not be read")
-        }
-    })?;
+    let bytes = read_body(req, state).await?;
     if bytes.is_empty() {
         return Ok(None);
     }

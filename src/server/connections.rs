@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::extract::ConnectInfo;
-use axum::http::StatusCode;
 use hyper::body::Incoming;
 use hyper_util::rt::{TokioIo, TokioTimer};
 use hyper_util::server::graceful::GracefulShutdown;
@@ -32,9 +31,9 @@ pub struct ConnectionLimits {
 }
 
 impl ConnectionLimits {
-    /// How long a request may take from its headers to its response's head, its body read and
-    /// handled: then it ends (408), so a client that sends a body a byte at a time cannot hold a
-    /// connection.
+    /// How long a request's body may take to arrive whole after its headers: then the request
+    /// ends (408 `REQUEST_TIMEOUT`), so a client that sends a body a byte at a time cannot hold a
+    /// connection. A handler is never cut short once its body is read.
     pub fn body_timeout(&self) -> Duration {
         self.header_read_timeout.saturating_mul(3)
     }
@@ -54,11 +53,6 @@ pub(super) async fn serve(
     limits: ConnectionLimits,
     shutdown: impl Future<Output = ()>,
 ) -> std::io::Result<()> {
-    // The time to the response's head: reading the request's body and handling it. An event
-    // stream's head comes at once; its body may then stream for as long as it lasts.
-    let timeout =
-        tower_http::timeout::TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, limits.body_timeout());
-    let app = app.layer(timeout);
     let permits = Arc::new(Semaphore::new(limits.max_connections.max(1)));
     let graceful = GracefulShutdown::new();
     let mut shutdown = std::pin::pin!(shutdown);
@@ -85,6 +79,8 @@ pub(super) async fn serve(
         let _ = stream.set_nodelay(true);
         let service = app.clone().map_request(move |mut request: hyper::Request<Incoming>| {
             request.extensions_mut().insert(ConnectInfo(remote));
+            let deadline = tokio::time::Instant::now() + limits.body_timeout();
+            request.extensions_mut().insert(super::body::BodyDeadline(deadline));
             request.map(axum::body::Body::new)
         });
         let mut builder = hyper::server::conn::http1::Builder::new();

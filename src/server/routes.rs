@@ -71,8 +71,8 @@ pub async fn submit(
     if req.source.len() > MAX_SOURCE_BYTES {
         return Err(ApiError::too_large(format!("the script is larger than {MAX_SOURCE_BYTES} bytes")));
     }
-    if req.idempotency_key.as_ref().is_some_and(|k| k.is_empty() || k.len() > 200) {
-        return Err(ApiError::bad_request("idempotencyKey must have 1 to 200 characters"));
+    if req.idempotency_key.as_ref().is_some_and(|k| k.is_empty() || k.len() > 200 || k.contains('\0')) {
+        return Err(ApiError::bad_request("idempotencyKey must have 1 to 200 characters, none of them NUL"));
     }
     let id =
         state.automations.submit(&caller.tenant, &req.source, req.context, caller.actor(), req.idempotency_key).await?;
@@ -102,6 +102,7 @@ pub async fn events(
     Path(id): Path<String>,
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, ApiError> {
+    caller.require_any(&[Role::SUBMITTER, Role::APPROVER])?;
     let Query(query) = query.map_err(|e| ApiError::bad_request(format!("invalid query: {}", e.body_text())))?;
     let id = automation_id(&id)?;
     let slot = state.streams.take(&caller.key_id)?;

@@ -116,6 +116,7 @@ pub async fn start(
 
 /// One session.
 pub async fn get(State(state): State<AppState>, caller: Caller, Path(id): Path<String>) -> Result<Response, Failure> {
+    caller.require_any(&[Role::SUBMITTER, Role::APPROVER])?;
     let view = state.automations.sessions().get(&caller.tenant, &session_id(&id)?).await?;
     Ok(Json(view).into_response())
 }
@@ -174,6 +175,7 @@ pub async fn events(
     Path(id): Path<String>,
     query: Result<Query<EventsQuery>, axum::extract::rejection::QueryRejection>,
 ) -> Result<Response, Failure> {
+    caller.require_any(&[Role::SUBMITTER, Role::APPROVER])?;
     let Query(query) = query.map_err(|e| ApiError::bad_request(format!("invalid query: {}", e.body_text())))?;
     let slot = state.streams.take(&caller.key_id)?;
     let reader = state.automations.sessions().events(&caller.tenant, &session_id(&id)?, query.from).await?;

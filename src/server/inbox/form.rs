@@ -2,9 +2,9 @@
 //! another site, and [`ProtectedForm`] also requires the session cookie and the session's CSRF
 //! token, so the cookie alone never changes anything.
 
+use axum::RequestExt as _;
 use axum::extract::{FromRequest, Request};
 use axum::http::{HeaderMap, StatusCode};
-use axum::{Form, RequestExt as _};
 
 use super::csrf;
 use super::error::PageError;
@@ -41,9 +41,16 @@ impl FromRequest<AppState> for PostedForm {
 
     async fn from_request(req: Request, state: &AppState) -> Result<PostedForm, PageError> {
         refuse_cross_site(req.headers())?;
-        let Form(fields) = Form::<Vec<(String, String)>>::from_request(req, state)
-            .await
-            .map_err(|e| PageError::bad_form(format!("the form could not be read: {}", e.body_text())))?;
+        let form_type =
+            req.headers().get(axum::http::header::CONTENT_TYPE).and_then(|v| v.to_str().ok()).is_some_and(|t| {
+                t.split(';').next().is_some_and(|t| t.trim().eq_ignore_ascii_case("application/x-www-form-urlencoded"))
+            });
+        if !form_type {
+            return Err(PageError::bad_form("the form must be sent as application/x-www-form-urlencoded"));
+        }
+        let bytes = crate::server::body::read_body(req, state).await?;
+        let fields: Vec<(String, String)> = serde_urlencoded::from_bytes(&bytes)
+            .map_err(|e| PageError::bad_form(format!("the form could not be read: {e}")))?;
         Ok(PostedForm(fields))
     }
 }

@@ -161,6 +161,7 @@ pub async fn events(
     Path(id): Path<String>,
     query: Result<Query<EventsQuery>, QueryRejection>,
 ) -> Result<Response, PageError> {
+    session.caller.require_any(&[Role::SUBMITTER, Role::APPROVER])?;
     let Query(query) = query.map_err(|e| PageError::bad_form(format!("invalid query: {}", e.body_text())))?;
     let slot = state.streams.take(&session.caller.key_id)?;
     let reader = state.automations.events(&session.caller.tenant, &automation_id(&id)?, query.from).await?;

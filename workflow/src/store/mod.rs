@@ -9,6 +9,7 @@
 #[cfg(feature = "postgres")]
 pub mod postgres;
 mod rows;
+pub use rows::stored_form;
 #[cfg(feature = "sqlite")]
 pub mod sqlite;
 #[cfg(feature = "sqlite")]

@@ -32,6 +32,13 @@ pub(crate) fn to_json(v: &Value) -> String {
     if text.contains("\\u0000") { serde_json::to_string(&without_nul(v)).unwrap_or(text) } else { text }
 }
 
+/// `v` as a store keeps it and gives it back: with every U+0000 in its strings and keys replaced
+/// by U+FFFD (see [`to_json`]).
+pub fn stored_form(v: &Value) -> Value {
+    let text = serde_json::to_string(v).unwrap_or_default();
+    if text.contains("\\u0000") { without_nul(v) } else { v.clone() }
+}
+
 /// `v` with every U+0000 in its strings and keys replaced by U+FFFD.
 fn without_nul(v: &Value) -> Value {
     let clean = |s: &str| s.replace('\0', "\u{FFFD}");
