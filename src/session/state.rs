@@ -215,6 +215,10 @@ fn check_key(key: &str) -> Result<(), HostError> {
     if key.is_empty() || key.len() > MAX_KEY_BYTES {
         return Err(HostError::new(format!("session: a key must have 1 to {MAX_KEY_BYTES} bytes")));
     }
+    // PostgreSQL's text cannot hold it; refused on every backend alike.
+    if key.contains('\0') {
+        return Err(HostError::new("session: a key cannot hold a NUL character"));
+    }
     Ok(())
 }
 
@@ -225,6 +229,15 @@ fn limit_error(message: String) -> HostError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn keys_are_one_to_max_bytes_without_nul() {
+        assert!(check_key("k").is_ok());
+        assert!(check_key(&"k".repeat(MAX_KEY_BYTES)).is_ok());
+        for bad in [String::new(), "k".repeat(MAX_KEY_BYTES + 1), "a\0b".to_owned()] {
+            assert!(check_key(&bad).is_err(), "{bad:?}");
+        }
+    }
 
     async fn temp_state(name: &str) -> (SessionState, std::path::PathBuf) {
         let dir =
