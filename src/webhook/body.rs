@@ -98,7 +98,7 @@ pub(crate) fn slack_body(envelope: &Envelope<'_>, event: &Value) -> Value {
         let reason = decision["reason"].as_str().map(|r| format!(": {}", escape_slack(r))).unwrap_or_default();
         lines.push(format!("• {id} {verdict}{reason}"));
     }
-    let text = lines.join("\n");
+    let text = slack_limited(lines.join("\n"));
     let mut blocks = vec![json!({ "type": "section", "text": { "type": "mrkdwn", "text": text } })];
     if let Some(link) = &envelope.link {
         blocks.push(json!({
@@ -107,6 +107,25 @@ pub(crate) fn slack_body(envelope: &Envelope<'_>, event: &Value) -> Value {
         }));
     }
     json!({ "text": text, "blocks": blocks })
+}
+
+/// The most characters Slack takes in a section block's text.
+const SLACK_SECTION_CHARS: usize = 3000;
+
+/// `text` cut to fit a Slack section, with `…` at the end when it was cut, never inside one of
+/// [`escape_slack`]'s entities (a cut `&amp;` would show as text).
+fn slack_limited(text: String) -> String {
+    if text.chars().count() <= SLACK_SECTION_CHARS {
+        return text;
+    }
+    let mut cut: String = text.chars().take(SLACK_SECTION_CHARS - 1).collect();
+    if let Some(amp) = cut.rfind('&')
+        && !cut[amp..].contains(';')
+    {
+        cut.truncate(amp);
+    }
+    cut.push('…');
+    cut
 }
 
 /// `text` with Slack's control characters escaped (`&`, `<`, `>`), as its formatting rules ask.
@@ -133,6 +152,24 @@ fn rfc3339(ms: i64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_long_slack_text_is_cut_to_fit_a_section_and_never_inside_an_entity() {
+        let short = "x".repeat(SLACK_SECTION_CHARS);
+        assert_eq!(slack_limited(short.clone()), short, "it fits");
+        let long = format!("{}{}", "é".repeat(SLACK_SECTION_CHARS - 3), "&amp;&lt;tail");
+        let cut = slack_limited(long);
+        assert!(cut.chars().count() <= SLACK_SECTION_CHARS, "{}", cut.chars().count());
+        assert!(
+            cut.ends_with("&amp;…") || cut.ends_with("é…"),
+            "cut after a whole entity: {:?}",
+            &cut[cut.len() - 12..]
+        );
+        let body = slack_body(&envelope(), &requested(&"<".repeat(4000)));
+        let text = body["blocks"][0]["text"]["text"].as_str().unwrap();
+        assert!(text.chars().count() <= SLACK_SECTION_CHARS && text.ends_with('…'), "{}", text.chars().count());
+        assert!(!text.trim_end_matches('…').ends_with('&') && !text.contains("&l…"), "no half entity");
+    }
 
     fn envelope() -> Envelope<'static> {
         Envelope {
