@@ -408,6 +408,7 @@ impl Automations {
                             requests,
                             progress: progress.requests,
                             requested_at: hook.created_at,
+                            submitted_by: input.submitted_by.clone(),
                         })
                     }
                     None => None,
@@ -679,21 +680,32 @@ fn authorize(
     submitted_by: &str,
 ) -> Result<(), AutomationError> {
     for decision in &batch.decisions {
-        let id = &decision.interruption_id;
-        let Some(request) = pending.iter().find(|p| &p.interruption_id == id).map(|p| &p.request) else { continue };
-        let approvers: Vec<&str> = if request["kind"] == APPROVAL_KIND {
-            request["approvers"].as_array().into_iter().flatten().filter_map(Value::as_str).collect()
-        } else {
-            vec![APPROVER_ROLE]
-        };
-        if !roles.iter().any(|role| approvers.contains(role)) {
-            return Err(AutomationError::NotApprover(id.clone()));
-        }
-        if request["kind"] == APPROVAL_KIND && request["fourEyes"] == Value::Bool(true) && batch.actor == submitted_by {
-            return Err(AutomationError::FourEyes(id.clone()));
+        let Some(request) = pending.iter().find(|p| p.interruption_id == decision.interruption_id) else { continue };
+        if let Some(refused) = refusal(request, roles, &batch.actor, submitted_by) {
+            return Err(refused);
         }
     }
     Ok(())
+}
+
+/// Why `actor`, holding `roles`, may not decide `pending` of an automation `submitted_by`
+/// submitted, if they may not: [`AutomationError::NotApprover`] without a role its function names
+/// (`approver` for a function that names none), [`AutomationError::FourEyes`] for their own
+/// submission of a function that needs four eyes.
+fn refusal(pending: &PendingRequest, roles: &[&str], actor: &str, submitted_by: &str) -> Option<AutomationError> {
+    let (id, request) = (&pending.interruption_id, &pending.request);
+    let approvers: Vec<&str> = if request["kind"] == APPROVAL_KIND {
+        request["approvers"].as_array().into_iter().flatten().filter_map(Value::as_str).collect()
+    } else {
+        vec![APPROVER_ROLE]
+    };
+    if !roles.iter().any(|role| approvers.contains(role)) {
+        return Some(AutomationError::NotApprover(id.clone()));
+    }
+    if request["kind"] == APPROVAL_KIND && request["fourEyes"] == Value::Bool(true) && actor == submitted_by {
+        return Some(AutomationError::FourEyes(id.clone()));
+    }
+    None
 }
 
 fn not_found(e: EngineError) -> AutomationError {

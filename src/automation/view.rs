@@ -31,6 +31,16 @@ pub struct PendingApproval {
     /// When the approval was requested.
     #[serde(serialize_with = "serialize_time")]
     pub requested_at: SystemTime,
+    /// Who submitted the automation (a `four_eyes` request is not theirs to decide).
+    pub submitted_by: String,
+}
+
+impl PendingApproval {
+    /// Whether `actor`, holding `roles`, may decide `request` of this round: a role its function
+    /// names (or `approver`), and not their own submission when the function needs four eyes.
+    pub fn may_decide(&self, request: &PendingRequest, roles: &[&str], actor: &str) -> bool {
+        super::refusal(request, roles, actor, &self.submitted_by).is_none()
+    }
 }
 
 fn serialize_time<S: serde::Serializer>(t: &SystemTime, s: S) -> Result<S::Ok, S::Error> {

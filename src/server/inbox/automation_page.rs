@@ -144,7 +144,8 @@ pub fn render(viewer: Viewer<'_>, view: &AutomationView) -> Html {
             html!(main, "{}", request::render(r));
         }
         if viewer.caller.roles.contains(&Role::APPROVER) {
-            html!(main, "{}", decision_form::render(pending, &viewer.caller.actor, viewer.csrf));
+            let roles: Vec<&str> = viewer.caller.roles.iter().map(Role::as_str).collect();
+            html!(main, "{}", decision_form::render(pending, &viewer.caller.actor, &roles, viewer.csrf));
         } else {
             html!(main, "<p class=\"notice\" role=\"status\">{}</p>\n", NOT_AN_APPROVER);
         }

@@ -12,8 +12,9 @@ use crate::server::auth::Role;
 /// What non-approvers read instead of the decision forms.
 pub const NOT_AN_APPROVER: &str = "Your API key does not have the approver role: you can see what waits for a decision, but only an approver can decide.";
 
-/// One pending approval: its automation, round, time and requests, and the form if `csrf` is given.
-pub fn approval(approval: &PendingApproval, decider: Option<(&str, &str)>) -> Html {
+/// One pending approval: its automation, round, time and requests, and, for a `decider`, the form
+/// of what they may decide.
+pub fn approval(approval: &PendingApproval, decider: Option<Viewer<'_>>) -> Html {
     let id = approval.automation_id.as_str();
     let mut out = Html::new();
     html!(
@@ -29,8 +30,9 @@ pub fn approval(approval: &PendingApproval, decider: Option<(&str, &str)>) -> Ht
     for r in &approval.requests {
         html!(out, "{}", request::render(r));
     }
-    if let Some((actor, csrf)) = decider {
-        html!(out, "{}", decision_form::render(approval, actor, csrf));
+    if let Some(viewer) = decider {
+        let roles: Vec<&str> = viewer.caller.roles.iter().map(Role::as_str).collect();
+        html!(out, "{}", decision_form::render(approval, &viewer.caller.actor, &roles, viewer.csrf));
     }
     html!(out, "</article>\n");
     out
@@ -48,7 +50,7 @@ pub fn render(viewer: Viewer<'_>, approvals: &[PendingApproval]) -> Html {
         html!(main, "<p class=\"empty\">Nothing waits for a decision.</p>\n");
     }
     for a in approvals {
-        html!(main, "{}", approval(a, approver.then_some((viewer.caller.actor.as_str(), viewer.csrf))));
+        html!(main, "{}", approval(a, approver.then_some(viewer)));
     }
     layout::page("Inbox", Some(viewer), main)
 }

@@ -189,8 +189,8 @@ pub async fn decide(
         };
         return Err(error.into());
     };
-    let batch = decision_form::parse(&form, &pending, &caller.actor)?;
     let roles: Vec<&str> = caller.roles.iter().map(Role::as_str).collect();
+    let batch = decision_form::parse(&form, &pending, &caller.actor, &roles)?;
     let round = state.automations.decide(&caller.tenant, &run, batch, &roles, Some(&caller.key_id)).await?;
     tracing::info!(automation = %run, round, actor = %caller.actor, "decision delivered from the inbox");
     Ok(Redirect::to(&format!("/automations/{run}")).into_response())
