@@ -9,7 +9,6 @@ mod support;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt as _;
 use std::process::{Command, Output};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -85,9 +84,7 @@ async fn handle(
 async fn start_app() -> (App, SocketAddr) {
     let app = App::default();
     let router = axum::Router::new().route("/{path}", axum::routing::post(handle)).with_state(app.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let addr = support::serve_router(router).await;
     (app, addr)
 }
 
@@ -140,28 +137,7 @@ approval = "always"
 
 /// A server on `dir` for the application at `app`, with `env` added to its environment.
 fn serve(dir: &TempDir, app: SocketAddr, env: &[(&str, &str)]) -> Server {
-    let path = dir.path().join("resumable.toml");
-    std::fs::write(&path, config(app)).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    Server::start_without_demo(dir, &["--config", &path.display().to_string()], env)
-}
-
-async fn submit(client: &Client, source: &str) -> String {
-    let response = client.post("/v1/automations", &json!({ "source": source })).await;
-    assert_eq!(response.status, 202, "submit: {}", response.text());
-    response.json()["id"].as_str().unwrap().to_owned()
-}
-
-async fn poll(client: &Client, id: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let view = client.get(&format!("/v1/automations/{id}")).await.json();
-        if done(&view) {
-            return view;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{id}: {view}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    Server::start_with_config(dir, &config(app), env)
 }
 
 fn ended(view: &Value) -> bool {
@@ -169,7 +145,11 @@ fn ended(view: &Value) -> bool {
 }
 
 async fn pending(client: &Client, id: &str) -> Value {
-    let view = poll(client, id, |v| (v["status"] == "waiting" && !v["pendingApproval"].is_null()) || ended(v)).await;
+    let view = client
+        .poll(&format!("/v1/automations/{id}"), |v| {
+            (v["status"] == "waiting" && !v["pendingApproval"].is_null()) || ended(v)
+        })
+        .await;
     assert_eq!(view["status"], "waiting", "{view}");
     view["pendingApproval"].clone()
 }
@@ -261,7 +241,7 @@ on_both_backends! {
         let (audra, gus) = (server.client(Some("key-audra-0001")), server.client(Some("key-gus-0001")));
 
         let script = "const f = await ops.flaky(); return await billing.refund('A-1', 1500)";
-        let id = submit(&alice, script).await;
+        let id = alice.submit(script).await;
         let approval = pending(&alice, &id).await;
         // Refused decisions are not recorded: alice submitted it, and the function wants four eyes.
         let path = format!("/v1/automations/{id}/decisions");
@@ -271,9 +251,9 @@ on_both_backends! {
         assert_eq!(accepted.status, 202, "{}", accepted.text());
         let again = bob.post(&path, &decision(&approval, true, "checked")).await;
         assert_eq!(again.json()["error"]["code"], "ALREADY_DECIDED");
-        let done = poll(&alice, &id, ended).await;
+        let done = alice.poll(&format!("/v1/automations/{id}"), ended).await;
         assert_eq!(done["status"], "completed", "{done}");
-        let held = submit(&alice, "return await ops.hold()").await;
+        let held = alice.submit("return await ops.hold()").await;
         pending(&alice, &held).await;
         let cancelled = alice.post(&format!("/v1/automations/{held}/cancel"), &json!({})).await;
         assert_eq!(cancelled.status, 202, "{}", cancelled.text());
@@ -440,7 +420,7 @@ async fn a_call_retried_after_a_crash_is_recorded_once() {
     // automation lasts 2 s.
     let mut server = serve(&dir, addr, &[("RESUMABLE_FAULT", "after-host-call"), ("RESUMABLE_LEASE_SECS", "2")]);
     let alice = server.client(Some("key-alice-0001"));
-    let id = submit(&alice, "return await billing.refund('A-7', 2500)").await;
+    let id = alice.submit("return await billing.refund('A-7', 2500)").await;
     let approval = pending(&alice, &id).await;
     let body = decision(&approval, true, "ok").to_string();
     let bob = server.client(Some("key-bob-0001"));
@@ -448,7 +428,7 @@ async fn a_call_retried_after_a_crash_is_recorded_once() {
     assert!(server.exited_within(WAIT), "the server never reached its fault point");
 
     let server = serve(&dir, addr, &[]);
-    let done = poll(&server.client(Some("key-alice-0001")), &id, ended).await;
+    let done = server.client(Some("key-alice-0001")).poll(&format!("/v1/automations/{id}"), ended).await;
     assert_eq!(done["status"], "completed", "{done}");
     let refunds = app.exchanges("refund");
     assert_eq!(refunds.len(), 2, "the call was sent again, with the same key and body");

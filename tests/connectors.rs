@@ -7,7 +7,6 @@ mod support;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -110,9 +109,7 @@ async fn handle(
 async fn start_app() -> (App, SocketAddr) {
     let app = App::default();
     let router = axum::Router::new().route("/{path}", axum::routing::post(handle)).with_state(app.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, router).await.unwrap() });
+    let addr = support::serve_router(router).await;
     (app, addr)
 }
 
@@ -211,14 +208,6 @@ approval = {{ when = "(() => {{ for (;;) {{}} }})()" }}
     )
 }
 
-/// Writes `text` as the configuration file in `dir`, with mode 0600.
-fn write_config(dir: &TempDir, text: &str) -> std::path::PathBuf {
-    let path = dir.path().join("resumable.toml");
-    std::fs::write(&path, text).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    path
-}
-
 /// A server on `dir` with the configuration for `app`.
 fn serve(dir: &TempDir, app: SocketAddr) -> Server {
     serve_with_env(dir, app, &[])
@@ -226,31 +215,15 @@ fn serve(dir: &TempDir, app: SocketAddr) -> Server {
 
 /// Like [`serve`], with `env` added to the server's environment.
 fn serve_with_env(dir: &TempDir, app: SocketAddr, env: &[(&str, &str)]) -> Server {
-    let path = write_config(dir, &config(app));
-    Server::start_without_demo(dir, &["--config", &path.display().to_string()], env)
-}
-
-async fn submit(client: &Client, source: &str) -> String {
-    let response = client.post("/v1/automations", &json!({ "source": source })).await;
-    assert_eq!(response.status, 202, "submit: {}", response.text());
-    response.json()["id"].as_str().unwrap().to_owned()
-}
-
-/// Polls the automation until `done` holds.
-async fn poll(client: &Client, id: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let view = client.get(&format!("/v1/automations/{id}")).await.json();
-        if done(&view) {
-            return view;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{id}: {view}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    Server::start_with_config(dir, &config(app), env)
 }
 
 async fn pending(client: &Client, id: &str) -> Value {
-    let view = poll(client, id, |v| (v["status"] == "waiting" && !v["pendingApproval"].is_null()) || ended(v)).await;
+    let view = client
+        .poll(&format!("/v1/automations/{id}"), |v| {
+            (v["status"] == "waiting" && !v["pendingApproval"].is_null()) || ended(v)
+        })
+        .await;
     assert_eq!(view["status"], "waiting", "{view}");
     view["pendingApproval"].clone()
 }
@@ -260,7 +233,7 @@ fn ended(view: &Value) -> bool {
 }
 
 async fn finished(client: &Client, id: &str) -> Value {
-    poll(client, id, ended).await
+    client.poll(&format!("/v1/automations/{id}"), ended).await
 }
 
 fn decision(approval: &Value, approved: bool) -> Value {
@@ -276,7 +249,7 @@ async fn the_acceptance_sample_holds() {
     let (alice, bob) = (server.client(Some("key-alice-0001")), server.client(Some("key-bob-0001")));
 
     let script = "const o = await billing.order('A-1'); return await billing.refund(o.id, 1500)";
-    let id = submit(&alice, script).await;
+    let id = alice.submit(script).await;
     let approval = pending(&alice, &id).await;
     // The order was read at once, with one signed request; nothing was refunded.
     assert_eq!(app.received("order").len(), 1);
@@ -310,7 +283,7 @@ async fn the_acceptance_sample_holds() {
     assert!(app.received("order")[0].body.get("decision").is_none(), "no decision on a call that needed none");
 
     // The same script for 500 needs no approval.
-    let small = submit(&alice, "const o = await billing.order('A-2'); return await billing.refund(o.id, 500)").await;
+    let small = alice.submit("const o = await billing.order('A-2'); return await billing.refund(o.id, 500)").await;
     let done = finished(&alice, &small).await;
     assert_eq!(done["status"], "completed", "{done}");
     assert_eq!(done["result"]["refunded"], 500);
@@ -337,7 +310,7 @@ async fn retries_refusals_and_bad_responses() {
             text: await outcome(() => ops.text()),
             badArgument: await outcome(() => billing.order(42)),
         };";
-    let id = submit(&alice, script).await;
+    let id = alice.submit(script).await;
     let done = finished(&alice, &id).await;
     assert_eq!(done["status"], "completed", "{done}");
     let value = &done["result"];
@@ -371,7 +344,7 @@ async fn approver_roles_are_checked_and_predicates_fail_closed() {
     );
 
     // Only the finance role may decide a payout.
-    let id = submit(&alice, "return await ops.payout(100)").await;
+    let id = alice.submit("return await ops.payout(100)").await;
     let approval = pending(&alice, &id).await;
     let refused = bob.post(&format!("/v1/automations/{id}/decisions"), &decision(&approval, true)).await;
     assert_eq!(refused.status, 403, "{}", refused.text());
@@ -385,7 +358,7 @@ async fn approver_roles_are_checked_and_predicates_fail_closed() {
 
     // A predicate that throws, and one that never ends, require approval.
     for script in ["return await ops.throws({})", "return await ops.loops()"] {
-        let id = submit(&alice, script).await;
+        let id = alice.submit(script).await;
         let approval = pending(&alice, &id).await;
         assert_eq!(approval["requests"].as_array().unwrap().len(), 1, "{script}: {approval}");
     }
@@ -400,7 +373,7 @@ async fn a_quorum_needs_two_distinct_approvers_and_one_reject_ends_it() {
     let (alice, bob) = (server.client(Some("key-alice-0001")), server.client(Some("key-bob-0001")));
     let path = |id: &str| format!("/v1/automations/{id}/decisions");
 
-    let id = submit(&alice, "return await ops.wire()").await;
+    let id = alice.submit("return await ops.wire()").await;
     let approval = pending(&alice, &id).await;
     let first = bob.post(&path(&id), &decision(&approval, true)).await;
     assert_eq!(first.status, 202, "{}", first.text());
@@ -423,7 +396,7 @@ async fn a_quorum_needs_two_distinct_approvers_and_one_reject_ends_it() {
     assert_eq!(wires[0].body["decision"]["decidedBy"], json!(["bob", "alice"]));
 
     // One reject rejects, whatever the quorum.
-    let id = submit(&alice, "return await ops.wire()").await;
+    let id = alice.submit("return await ops.wire()").await;
     let approval = pending(&alice, &id).await;
     assert_eq!(bob.post(&path(&id), &decision(&approval, true)).await.status, 202);
     assert_eq!(alice.post(&path(&id), &decision(&approval, false)).await.status, 202);
@@ -439,7 +412,7 @@ async fn a_server_killed_after_the_application_received_the_call_retries_it_with
     // Dies right after the approved call returned, before the round is recorded.
     let mut server = serve_with_env(&dir, addr, &[("RESUMABLE_FAULT", "after-host-call")]);
     let alice = server.client(Some("key-alice-0001"));
-    let id = submit(&alice, "const o = await billing.order('A-7'); return await billing.refund(o.id, 2500)").await;
+    let id = alice.submit("const o = await billing.order('A-7'); return await billing.refund(o.id, 2500)").await;
     let approval = pending(&alice, &id).await;
     let body = decision(&approval, true).to_string();
     let bob = server.client(Some("key-bob-0001"));
@@ -472,12 +445,12 @@ async fn a_hangup_reloads_functions_and_keys_while_a_pending_approval_completes(
     let dir = TempDir::new("connector-reload");
     let mut server = serve(&dir, addr);
     let (alice, bob) = (server.client(Some("key-alice-0001")), server.client(Some("key-bob-0001")));
-    let waiting = submit(&alice, "return await billing.refund('A-9', 5000)").await;
+    let waiting = alice.submit("return await billing.refund('A-9', 5000)").await;
     let approval = pending(&alice, &waiting).await;
     assert!(!function_names(&alice).await.contains(&"ops.added".to_owned()));
 
     // A file that fails its checks changes nothing.
-    write_config(&dir, &format!("{}\n[functions.\"ops.added\"]\nurl = \"ftp://nowhere\"\n", config(addr)));
+    dir.write_config(&format!("{}\n[functions.\"ops.added\"]\nurl = \"ftp://nowhere\"\n", config(addr)));
     let hangup = |pid: u32| {
         // SAFETY: kill(2) with a child's pid and a valid signal number has no memory effects.
         assert_eq!(unsafe { libc::kill(i32::try_from(pid).unwrap(), libc::SIGHUP) }, 0);
@@ -498,7 +471,7 @@ async fn a_hangup_reloads_functions_and_keys_while_a_pending_approval_completes(
          [[keys]]\nkey = \"key-dave-0001\"\nactor = \"dave\"\ntenant = \"acme\"\nroles = [\"submitter\"]\n",
         config(addr).replace(&text_block, "")
     );
-    write_config(&dir, &added);
+    dir.write_config(&added);
     hangup(server.pid());
     let deadline = tokio::time::Instant::now() + WAIT;
     while !function_names(&alice).await.contains(&"ops.added".to_owned()) {
@@ -506,7 +479,7 @@ async fn a_hangup_reloads_functions_and_keys_while_a_pending_approval_completes(
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let dave = server.client(Some("key-dave-0001"));
-    let id = submit(&dave, "return await ops.added()").await;
+    let id = dave.submit("return await ops.added()").await;
     let done = finished(&dave, &id).await;
     assert_eq!(done["result"]["ok"], "added", "{done}");
 
@@ -530,8 +503,7 @@ fn config_without(app: SocketAddr, name: &str) -> String {
 /// Restarts the server of `dir` with `text` as its configuration.
 async fn restart(mut server: Server, dir: &TempDir, text: &str) -> Server {
     server.terminate(WAIT).await.expect("the server stops");
-    let path = write_config(dir, text);
-    Server::start_without_demo(dir, &["--config", &path.display().to_string()], &[])
+    Server::start_with_config(dir, text, &[])
 }
 
 /// The inbox page of automation `id`, as `key`'s holder sees it once signed in.
@@ -553,7 +525,7 @@ async fn a_pending_approval_survives_a_restart_with_another_function_and_a_new_u
     let dir = TempDir::new("connector-upgrade");
     let server = serve(&dir, old_addr);
     let alice = server.client(Some("key-alice-0001"));
-    let id = submit(&alice, "const o = await billing.order('A-5'); return await billing.refund(o.id, 2500)").await;
+    let id = alice.submit("const o = await billing.order('A-5'); return await billing.refund(o.id, 2500)").await;
     let approval = pending(&alice, &id).await;
     assert_eq!((old_app.received("order").len(), old_app.attempts("refund")), (1, 0));
 
@@ -589,7 +561,7 @@ async fn a_pending_approval_whose_function_was_removed_fails_naming_it() {
     let dir = TempDir::new("connector-removed");
     let server = serve(&dir, addr);
     let alice = server.client(Some("key-alice-0001"));
-    let id = submit(&alice, "const o = await billing.order('A-6'); return await billing.refund(o.id, 2500)").await;
+    let id = alice.submit("const o = await billing.order('A-6'); return await billing.refund(o.id, 2500)").await;
     let approval = pending(&alice, &id).await;
 
     let without = config_without(addr, "billing.refund");
@@ -608,7 +580,7 @@ async fn a_pending_approval_whose_function_was_removed_fails_naming_it() {
     assert!(page.contains("<code>RUN_FUNCTION_REMOVED</code>") && page.contains("billing.refund"), "{page}");
 
     // Another automation of the same server is unaffected.
-    let other = submit(&alice, "return await billing.order('A-7')").await;
+    let other = alice.submit("return await billing.order('A-7')").await;
     assert_eq!(finished(&alice, &other).await["result"]["total"], 5000);
 }
 
@@ -674,7 +646,7 @@ async fn the_demo_refunds_through_its_connector_with_a_policy_a_signature_and_a_
     let server = Server::start(&dir, &[]);
     let acme = server.client(Some("demo-acme"));
     // The README's quickstart script.
-    let id = submit(&acme, "const o = await billing.order(\"A-1002\"); return await billing.refund(o.id, 1500)").await;
+    let id = acme.submit("const o = await billing.order(\"A-1002\"); return await billing.refund(o.id, 1500)").await;
     let approval = pending(&acme, &id).await;
     assert_eq!(approval["requests"][0]["request"]["summary"], "Refund 1500 cents on order A-1002", "{approval}");
     let db = support::Db::of(&dir);
@@ -687,7 +659,7 @@ async fn the_demo_refunds_through_its_connector_with_a_policy_a_signature_and_a_
     assert_eq!(keys, [(format!("{id}:interrupt-2"), "A-1002".to_owned(), 1500)], "one refund, under the call's key");
 
     // Under the policy's threshold, no approval.
-    let small = submit(&acme, "return await billing.refund('A-1001', 500)").await;
+    let small = acme.submit("return await billing.refund('A-1001', 500)").await;
     let done = finished(&acme, &small).await;
     assert_eq!(done["result"]["refunded"], 500, "{done}");
     // The application refuses what the server did not sign, and says so in its own words.
@@ -698,9 +670,9 @@ async fn the_demo_refunds_through_its_connector_with_a_policy_a_signature_and_a_
     assert_eq!(refused.status, 401, "{}", refused.text());
     assert_eq!(db.refunds("acme").await.len(), 2);
     // A refund the order cannot take is the application's refusal, catchable with its code.
-    let over =
-        submit(&acme, "try { await billing.refund('Z-9', 5); return 'refunded'; } catch (e) { return e.details.code }")
-            .await;
+    let over = acme
+        .submit("try { await billing.refund('Z-9', 5); return 'refunded'; } catch (e) { return e.details.code }")
+        .await;
     let done = finished(&acme, &over).await;
     assert_eq!(done["result"], "REFUND_REFUSED", "{done}");
 }

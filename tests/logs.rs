@@ -10,7 +10,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt as _;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::sync::{Arc, Mutex};
@@ -22,7 +21,7 @@ use axum::response::IntoResponse as _;
 use base64::Engine as _;
 use base64::engine::general_purpose::{STANDARD, URL_SAFE_NO_PAD};
 use serde_json::{Value, json};
-use support::{Backend, Client, Db, Response, Server, TempDir, WAIT};
+use support::{Backend, Db, Response, Server, TempDir, WAIT};
 
 /// The API keys of the configuration file.
 const ALICE: &str = "key-alice-LogsTest-7f3a91c2";
@@ -69,10 +68,7 @@ async fn receive(
 async fn start_receiver() -> (Receiver, SocketAddr) {
     let receiver = Receiver::default();
     let app = axum::Router::new().route("/{path}", axum::routing::post(receive)).with_state(receiver.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (receiver, addr)
+    (receiver, support::serve_router(app).await)
 }
 
 /// A loopback address nothing listens on.
@@ -148,18 +144,6 @@ fn request_id(response: &Response, ids: &mut Vec<String>) {
     ids.push(id.to_owned());
 }
 
-async fn poll(client: &Client, id: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let view = client.get(&format!("/v1/automations/{id}")).await.json();
-        if done(&view) {
-            return view;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{id}: {view}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 /// Each line of `log`, parsed; panics with the line if one is not a JSON object.
 fn json_lines(name: &str, log: &str) -> Vec<Value> {
     log.lines()
@@ -202,9 +186,7 @@ fn logs_in(dir: &Path) -> Vec<(String, String)> {
 async fn scenario(backend: Backend) {
     let Some(dir) = TempDir::on(backend, "logs") else { return };
     let (receiver, app) = start_receiver().await;
-    let config_path = dir.path().join("resumable.toml");
-    std::fs::write(&config_path, config(app, unreachable_address())).unwrap();
-    std::fs::set_permissions(&config_path, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let config_path = dir.write_config(&config(app, unreachable_address()));
     let env = log_env();
     let env: Vec<(&str, &str)> = env.iter().map(|(k, v)| (*k, v.as_str())).collect();
     let mut server = Server::start_without_demo(
@@ -243,7 +225,9 @@ async fn scenario(backend: Backend) {
     assert_eq!(submitted.status, 202, "{}", submitted.text());
     request_id(&submitted, &mut ids);
     let id = submitted.json()["id"].as_str().unwrap().to_owned();
-    let view = poll(&alice, &id, |v| v["status"] == "waiting" && !v["pendingApproval"].is_null()).await;
+    let view = alice
+        .poll(&format!("/v1/automations/{id}"), |v| v["status"] == "waiting" && !v["pendingApproval"].is_null())
+        .await;
     let interruption = view["pendingApproval"]["requests"][0]["interruptionId"].clone();
 
     // The inbox: a failed sign-in, then one that sets the session cookie, and a page with a
@@ -273,7 +257,9 @@ async fn scenario(backend: Backend) {
         .await;
     assert_eq!(decided.status, 202, "{}", decided.text());
     request_id(&decided, &mut ids);
-    let done = poll(&alice, &id, |v| matches!(v["status"].as_str(), Some("completed" | "failed"))).await;
+    let done = alice
+        .poll(&format!("/v1/automations/{id}"), |v| matches!(v["status"].as_str(), Some("completed" | "failed")))
+        .await;
     assert_eq!(done["status"], "completed", "{done}");
     assert!(done["result"]["fail"].as_str().is_some_and(|m| m.contains("failed 2 times")), "{done}");
     assert!(done["result"]["down"].as_str().is_some_and(|m| m.contains("cannot connect")), "{done}");

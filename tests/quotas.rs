@@ -33,10 +33,7 @@ fn assert_quota(response: &support::Response) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tenant_past_its_quota_is_refused_and_others_are_not() {
     let dir = TempDir::new("quotas");
-    let config = dir.path().join("resumable.toml");
-    std::fs::write(&config, CONFIG).unwrap();
-    // It holds a key in clear: only its owner may read it.
-    std::fs::set_permissions(&config, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let config = dir.write_config(CONFIG);
     let server = Server::start(&dir, &["--config", config.to_str().unwrap()]);
     let (acme, globex) = (server.client(Some("demo-acme")), server.client(Some("key-globex-submitter")));
     let first = acme.submit(REFUND).await;

@@ -6,7 +6,6 @@
 mod support;
 
 use std::net::SocketAddr;
-use std::os::unix::fs::PermissionsExt as _;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -17,7 +16,7 @@ use base64::Engine as _;
 use hmac::{Hmac, KeyInit, Mac};
 use serde_json::{Value, json};
 use sha2::Sha256;
-use support::{Client, Server, TempDir, WAIT};
+use support::{Server, TempDir};
 
 const SECRET: &str = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw";
 const HOOK_SECRET: &str = "whsec_c2VjcmV0LWZvci10aGUtd2ViaG9vay1yZWNlaXZlcg==";
@@ -91,10 +90,7 @@ async fn receive(
 async fn start_receiver() -> (Receiver, SocketAddr) {
     let receiver = Receiver::default();
     let app = axum::Router::new().route("/{path}", axum::routing::post(receive)).with_state(receiver.clone());
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
-    (receiver, addr)
+    (receiver, support::serve_router(app).await)
 }
 
 fn config(app: SocketAddr) -> String {
@@ -155,28 +151,7 @@ format = "slack"
 }
 
 fn serve(dir: &TempDir, app: SocketAddr) -> Server {
-    let path = dir.path().join("resumable.toml");
-    std::fs::write(&path, config(app)).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
-    Server::start_without_demo(dir, &["--config", &path.display().to_string()], &[])
-}
-
-async fn submit(client: &Client, source: &str) -> String {
-    let response = client.post("/v1/automations", &json!({ "source": source })).await;
-    assert_eq!(response.status, 202, "submit: {}", response.text());
-    response.json()["id"].as_str().unwrap().to_owned()
-}
-
-async fn poll(client: &Client, id: &str, done: impl Fn(&Value) -> bool) -> Value {
-    let deadline = tokio::time::Instant::now() + WAIT;
-    loop {
-        let view = client.get(&format!("/v1/automations/{id}")).await.json();
-        if done(&view) {
-            return view;
-        }
-        assert!(tokio::time::Instant::now() < deadline, "{id}: {view}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    Server::start_with_config(dir, &config(app), &[])
 }
 
 /// Waits until `check` holds of the receiver (for up to a minute: deliveries back off).
@@ -209,9 +184,9 @@ async fn every_event_arrives_once_in_order_despite_failures_and_a_killed_server(
     let dir = TempDir::new("webhooks-delivery");
     let mut server = serve(&dir, app);
     let alice = server.client(Some("key-alice-0001"));
-    let (first, second) = (submit(&alice, REFUND).await, submit(&alice, REFUND).await);
+    let (first, second) = (alice.submit(REFUND).await, alice.submit(REFUND).await);
     for id in [&first, &second] {
-        poll(&alice, id, |v| !v["pendingApproval"].is_null()).await;
+        alice.poll(&format!("/v1/automations/{id}"), |v| !v["pendingApproval"].is_null()).await;
     }
     // The first three deliveries fail, and the server dies while it backs off from them.
     eventually(&receiver, "three refused deliveries", |r| *r.requests.lock().unwrap() >= 3).await;
@@ -226,7 +201,7 @@ async fn every_event_arrives_once_in_order_despite_failures_and_a_killed_server(
         assert_eq!(response.status, 202, "{}", response.text());
     }
     for id in [&first, &second] {
-        let view = poll(&alice, id, |v| v["status"] == "completed").await;
+        let view = alice.poll(&format!("/v1/automations/{id}"), |v| v["status"] == "completed").await;
         assert_eq!(view["result"], "refunded");
     }
     let complete = |r: &Receiver| {
@@ -276,12 +251,12 @@ async fn an_undecided_request_is_reminded_then_expires_across_a_restart() {
     let dir = TempDir::new("webhooks-expiry");
     let mut server = serve(&dir, app);
     let alice = server.client(Some("key-alice-0001"));
-    let id = submit(&alice, "return await ops.expiring();").await;
-    poll(&alice, &id, |v| !v["pendingApproval"].is_null()).await;
+    let id = alice.submit("return await ops.expiring();").await;
+    alice.poll(&format!("/v1/automations/{id}"), |v| !v["pendingApproval"].is_null()).await;
     server.kill();
     let server = serve(&dir, app);
     let (alice, bob) = (server.client(Some("key-alice-0001")), server.client(Some("key-bob-0001")));
-    let view = poll(&alice, &id, |v| v["status"] == "completed").await;
+    let view = alice.poll(&format!("/v1/automations/{id}"), |v| v["status"] == "completed").await;
     assert_eq!(view["result"]["approved"], false, "{view}");
     assert_eq!(view["result"]["reason"], "expired", "{view}");
     assert_eq!(view["result"]["decidedBy"], json!(["system"]), "{view}");
@@ -313,7 +288,7 @@ async fn an_expiry_that_fails_fails_the_automation() {
     let dir = TempDir::new("webhooks-expiry-fail");
     let server = serve(&dir, app);
     let alice = server.client(Some("key-alice-0001"));
-    let id = submit(&alice, "return await ops.strict();").await;
-    let view = poll(&alice, &id, |v| v["status"] == "failed").await;
+    let id = alice.submit("return await ops.strict();").await;
+    let view = alice.poll(&format!("/v1/automations/{id}"), |v| v["status"] == "failed").await;
     assert_eq!(view["error"]["code"], "APPROVAL_EXPIRED", "{view}");
 }

@@ -69,6 +69,17 @@ impl TempDir {
         &self.path
     }
 
+    /// Writes `text` as the configuration file `resumable.toml` of the directory, with mode 0600
+    /// (a file that holds keys in clear must be its owner's only); its path.
+    #[allow(dead_code)] // Not every test binary that includes this module needs it.
+    pub fn write_config(&self, text: &str) -> PathBuf {
+        use std::os::unix::fs::PermissionsExt as _;
+        let path = self.path.join("resumable.toml");
+        std::fs::write(&path, text).expect("the configuration file is written");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("its mode is set");
+        path
+    }
+
     /// The server's database URL.
     pub fn db_url(&self) -> String {
         self.db_url.clone()
@@ -151,6 +162,14 @@ impl Server {
                 Err(e) => panic!("the server did not say where it listens ({e}); its log:\n{}", server.log_text()),
             }
         }
+    }
+
+    /// Starts `resumable serve --config` (without `--demo`) with `text` written as the
+    /// configuration file of `dir`, and `env` added to the server's environment.
+    #[allow(dead_code)] // Not every test binary that includes this module needs it.
+    pub fn start_with_config(dir: &TempDir, text: &str, env: &[(&str, &str)]) -> Server {
+        let path = dir.write_config(text);
+        Server::start_without_demo(dir, &["--config", &path.display().to_string()], env)
     }
 
     /// Starts like [`Server::start`], with `keys` (a keys file's JSON), if given, written to
@@ -351,18 +370,17 @@ impl Client {
         response.json()["id"].as_str().expect("an id").to_owned()
     }
 
-    /// `GET path` (which must answer 200) until `done` holds for its JSON, within [`WAIT`].
+    /// `GET path` until `done` holds for its JSON answer, within [`WAIT`].
     #[allow(dead_code)] // Not every test binary that includes this module needs it.
     pub async fn poll(&self, path: &str, done: impl Fn(&Value) -> bool) -> Value {
         let deadline = tokio::time::Instant::now() + WAIT;
         loop {
             let response = self.get(path).await;
-            assert_eq!(response.status, 200, "{path}: {}", response.text());
             let value = response.json();
             if done(&value) {
                 return value;
             }
-            assert!(tokio::time::Instant::now() < deadline, "{path} never got there: {value}");
+            assert!(tokio::time::Instant::now() < deadline, "{path} never got there: {} {value}", response.status);
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
@@ -572,6 +590,16 @@ async fn read_head(reader: &mut BufReader<TcpStream>) -> std::io::Result<(u16, V
             return Ok((status, headers));
         }
     }
+}
+
+/// Serves `router` (a test's own application: a connector's or a webhook's receiver) on a free
+/// loopback port in the background; its address.
+#[allow(dead_code)] // Not every test binary that includes this module needs it.
+pub async fn serve_router(router: axum::Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("a free port");
+    let addr = listener.local_addr().expect("its address");
+    tokio::spawn(async move { axum::serve(listener, router).await.expect("the test application serves") });
+    addr
 }
 
 /// The lines of a streamed response body.
