@@ -3,21 +3,14 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use crate::engine::Shared;
 use crate::error::EngineError;
+use crate::poll::Backoff;
 use crate::store::FeedEntry;
 
 /// How many entries one store read fetches.
 const BATCH: u32 = 256;
-
-/// How often a reader looks for entries written by other processes (appends through an engine of
-/// this process wake it at once): every [`POLL_MIN`] after an entry arrived, then less and less
-/// often, down to every [`POLL_MAX`], while none does.
-const POLL_MIN: Duration = Duration::from_millis(25);
-/// See [`POLL_MIN`].
-const POLL_MAX: Duration = Duration::from_millis(500);
 
 /// The entries of a feed from some number on, in order, returned by
 /// [`Engine::read_feed`](crate::Engine::read_feed).
@@ -30,7 +23,7 @@ pub struct FeedReader {
     feed: String,
     next_cursor: u64,
     buffer: VecDeque<FeedEntry>,
-    poll: Duration,
+    poll: Backoff,
 }
 
 impl fmt::Debug for FeedReader {
@@ -41,7 +34,7 @@ impl fmt::Debug for FeedReader {
 
 impl FeedReader {
     pub(crate) fn new(shared: Arc<Shared>, feed: String, from: u64) -> FeedReader {
-        FeedReader { shared, feed, next_cursor: from.max(1), buffer: VecDeque::new(), poll: POLL_MIN }
+        FeedReader { shared, feed, next_cursor: from.max(1), buffer: VecDeque::new(), poll: Backoff::new() }
     }
 
     /// The feed this reads.
@@ -66,12 +59,12 @@ impl FeedReader {
             let entries = self.shared.store.read_feed(&self.feed, self.next_cursor, BATCH).await?;
             if !entries.is_empty() {
                 self.buffer.extend(entries);
-                self.poll = POLL_MIN;
+                self.poll.reset();
                 continue;
             }
             tokio::select! {
                 _ = appended => {}
-                _ = tokio::time::sleep(self.poll) => self.poll = (self.poll * 2).min(POLL_MAX),
+                _ = self.poll.wait() => {}
             }
         }
     }

@@ -47,6 +47,7 @@ mod hook;
 mod hook_data;
 mod ids;
 pub mod migrations;
+mod poll;
 mod registry;
 mod run;
 mod step;

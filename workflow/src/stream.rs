@@ -3,23 +3,16 @@
 use std::collections::VecDeque;
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
 
 use serde_json::Value;
 
 use crate::engine::Shared;
 use crate::error::EngineError;
 use crate::ids::RunId;
+use crate::poll::Backoff;
 
 /// How many events one store read fetches.
 const BATCH: u32 = 256;
-
-/// How often a reader looks for events written by other processes (events written through an
-/// engine of this process wake it at once): every [`POLL_MIN`] after an event arrived, then less
-/// and less often, down to every [`POLL_MAX`], while none does.
-const POLL_MIN: Duration = Duration::from_millis(25);
-/// See [`POLL_MIN`].
-const POLL_MAX: Duration = Duration::from_millis(500);
 
 /// The events of a run's stream from some index on, in order, returned by
 /// [`Engine::read_stream`](crate::Engine::read_stream).
@@ -33,7 +26,7 @@ pub struct StreamReader {
     next_index: u64,
     buffer: VecDeque<(u64, Value)>,
     ended: bool,
-    poll: Duration,
+    poll: Backoff,
 }
 
 impl fmt::Debug for StreamReader {
@@ -48,7 +41,14 @@ impl fmt::Debug for StreamReader {
 
 impl StreamReader {
     pub(crate) fn new(shared: Arc<Shared>, run_id: RunId, from_index: u64) -> StreamReader {
-        StreamReader { shared, run_id, next_index: from_index, buffer: VecDeque::new(), ended: false, poll: POLL_MIN }
+        StreamReader {
+            shared,
+            run_id,
+            next_index: from_index,
+            buffer: VecDeque::new(),
+            ended: false,
+            poll: Backoff::new(),
+        }
     }
 
     /// The run whose stream this reads.
@@ -88,7 +88,7 @@ impl StreamReader {
             };
             if !events.is_empty() {
                 self.buffer.extend(events);
-                self.poll = POLL_MIN;
+                self.poll.reset();
                 continue;
             }
             if run.status.is_terminal() {
@@ -97,7 +97,7 @@ impl StreamReader {
             }
             tokio::select! {
                 _ = changed => {}
-                _ = tokio::time::sleep(self.poll) => self.poll = (self.poll * 2).min(POLL_MAX),
+                _ = self.poll.wait() => {}
             }
         }
     }
